@@ -1,0 +1,28 @@
+# One venv for everything; the two README commands are `make demo` and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test bench clean-venv
+
+$(BIN)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+# The seed's transcript: run, Ctrl-C after step 3, run again (resumes at 4/5), show the waypoint.
+demo: $(BIN)/.installed
+	-$(BIN)/caravanserai clean demo 2>/dev/null
+	-timeout -s INT 3.6 $(BIN)/python demo.py
+	$(BIN)/python demo.py
+	$(BIN)/caravanserai show demo
+
+test: $(BIN)/.installed
+	$(BIN)/python -m pytest
+
+bench: $(BIN)/.installed
+	$(BIN)/python benchmarks/bench_foundation.py
+
+clean-venv:
+	rm -rf $(VENV)

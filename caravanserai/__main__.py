@@ -1,0 +1,5 @@
+"""``python -m caravanserai``: the CLI."""
+
+from .cli import main
+
+raise SystemExit(main())

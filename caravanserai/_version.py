@@ -1,0 +1,3 @@
+"""The package version (one place; pyproject reads it)."""
+
+__version__ = "1.0.0.dev0"

@@ -1,0 +1,206 @@
+"""The ``caravanserai`` command: a thin layer over the library.
+
+``list``, ``show``, ``resume`` and ``clean`` keep 0.2.0's output shapes (``show`` prints state
+as JSON, not Python repr). Read commands take ``--json``; every command takes ``--store URL``.
+Errors are one line on stderr and a non-zero exit: 1 for a failed command, 2 for bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from typing import Any, Sequence
+
+from ._version import __version__
+from .errors import CaravanseraiError, ResumeError, RunNotFound
+from .run import read_events, require_events
+from .stores import ENV_VAR, open_store
+from .waypoints import clean, readable_run_id
+
+__all__ = ["main", "summarize"]
+
+
+def summarize(run_id: str, events: Sequence[dict]) -> dict[str, Any]:
+    """What a person wants to know about a run, from its events alone."""
+    waypoints = [e for e in events if e["type"] == "waypoint"]
+    last = next((e for e in reversed(waypoints) if "state" in e), None)
+    status = "pending"
+    for event in events:
+        if event["type"] == "run_completed":
+            status = "completed"
+        elif event["type"] == "run_failed":
+            status = "failed"
+        elif event["type"] == "attempt":
+            status = "pending"
+    progress: dict[int, int] = {}
+    for event in events:
+        if event["type"] == "progress":
+            progress[event.get("loop", 0)] = event.get("done", 0)
+    started = events[0] if events else {}
+    return {
+        "run_id": run_id,
+        "status": status,
+        "attempts": sum(1 for e in events if e["type"] in ("run_started", "attempt")),
+        "waypoints": last["n"] if last else 0,
+        "latest": None if last is None else {"n": last["n"], "note": last.get("note", ""), "state": last["state"], "at": last["at"]},
+        "items_done": progress,
+        "started_at": started.get("at"),
+        "updated_at": events[-1]["at"] if events else None,
+        "command": started.get("command"),
+        "cwd": started.get("cwd"),
+        "imported_from": started.get("imported_from"),
+        "events": len(events),
+    }
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    seconds = max(0, int(seconds))
+    for limit, div, unit in ((60, 1, "s"), (3600, 60, "m"), (86400, 3600, "h")):
+        if seconds < limit:
+            return f"{seconds // div}{unit} ago"
+    return f"{seconds // 86400}d ago"
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    store = open_store(args.store)
+    rows = []
+    for run_id in store.list():
+        summary = summarize(run_id, read_events(run_id, store))
+        updated = store.last_updated(run_id)
+        summary["age_seconds"] = None if updated is None else round(time.time() - updated, 3)
+        rows.append(summary)
+    if args.json:
+        _print_json([{k: v for k, v in row.items() if k != "latest"} for row in rows])
+        return 0
+    if not rows:
+        print("no runs yet")
+    for row in rows:
+        print(f"{row['run_id']}\t{row['waypoints']} waypoint(s)\t{_age(row['age_seconds'])}\t{row['status']}")
+    return 0
+
+
+def _format_waypoint(event: dict) -> str:
+    return f"waypoint {event['n']}\n\n{event.get('note', '')}\n\nstate: {json.dumps(event.get('state'), ensure_ascii=False)}"
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    store = open_store(args.store)
+    run_id = readable_run_id(args.run_id, store)
+    events = require_events(run_id, store)
+    store.refresh_views(run_id, events)
+    summary = summarize(run_id, events)
+    if args.json:
+        if args.all:
+            summary["history"] = [
+                {"n": e["n"], "note": e.get("note", ""), "at": e["at"], **({"state": e["state"]} if "state" in e else {})}
+                for e in events if e["type"] == "waypoint"
+            ]
+        _print_json(summary)
+        return 0
+    waypoints = [e for e in events if e["type"] == "waypoint"]
+    if args.all:
+        blocks = [_format_waypoint(e) if "state" in e else f"waypoint {e['n']}\n\n{e.get('note', '')}" for e in waypoints]
+        print(("\n\n" + "-" * 40 + "\n\n").join(blocks))
+    elif summary["latest"] is not None:
+        print(_format_waypoint(next(e for e in reversed(waypoints) if "state" in e)))
+    for loop, done in sorted(summary["items_done"].items()):
+        print(f"\nitems done: {done} (resumable_iterate loop {loop})")
+    if summary["latest"] is None and not summary["items_done"]:
+        print(f"run {run_id!r} has no waypoints yet")
+    return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    store = open_store(args.store)
+    run_id = readable_run_id(args.run_id, store)
+    try:
+        events = require_events(run_id, store)
+    except RunNotFound:
+        raise RunNotFound(f"no checkpoints for run {run_id!r} - nothing to resume", run_id=run_id) from None
+    summary = summarize(run_id, events)
+    if summary["status"] == "completed" and not args.force:
+        raise ResumeError(
+            f"run {run_id!r} already completed at {events[-1]['at']}; nothing to resume (use --force to run it again)",
+            run_id=run_id,
+        )
+    started = events[0]
+    command = started.get("orig_argv") or started.get("command")
+    if not command:
+        raise ResumeError(
+            f"run {run_id!r} has no recorded command (written by {started.get('imported_from') or 'an old version'}); "
+            "re-run the script that created it",
+            run_id=run_id,
+        )
+    cwd = started.get("cwd")
+    if cwd is not None and not os.path.isdir(cwd):
+        raise ResumeError(f"run {run_id!r} was launched in {cwd!r}, which no longer exists; re-run it by hand", run_id=run_id)
+    env = dict(os.environ)
+    if args.store is not None or ENV_VAR in os.environ:
+        env[ENV_VAR] = store.url  # the child must find this same store
+    where = f" (in {cwd})" if cwd else ""
+    print(f"resuming: {shlex.join(command)}{where}", flush=True)
+    return subprocess.call(command, cwd=cwd, env=env)
+
+
+def cmd_clean(args: argparse.Namespace) -> int:
+    store = open_store(args.store)
+    if not clean(args.run_id, store=store):
+        raise RunNotFound(f"no checkpoints for run {args.run_id!r}", run_id=args.run_id)
+    print(f"deleted checkpoints for {args.run_id!r}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--store", default=argparse.SUPPRESS, metavar="URL",
+                        help=f"store URL or path (default: ${ENV_VAR} or ./.caravanserai)")
+    parser = argparse.ArgumentParser(prog="caravanserai", parents=[common],
+                                     description="Inspect and resume durable caravanserai runs.")
+    parser.add_argument("--version", action="version", version=f"caravanserai {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("list", parents=[common], help="every run, waypoint count, last updated, status")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_list)
+    p = sub.add_parser("show", parents=[common], help="the latest waypoint note + state")
+    p.add_argument("run_id")
+    p.add_argument("--all", action="store_true", help="every waypoint, oldest first")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_show)
+    p = sub.add_parser("resume", parents=[common], help="re-run the command that started the run, where it started")
+    p.add_argument("run_id")
+    p.add_argument("--force", action="store_true", help="run it even if it already completed")
+    p.set_defaults(func=cmd_resume)
+    p = sub.add_parser("clean", parents=[common], help="delete a run's checkpoints")
+    p.add_argument("run_id")
+    p.set_defaults(func=cmd_clean)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not hasattr(args, "store"):
+        args.store = None
+    try:
+        return args.func(args)
+    except CaravanseraiError as exc:
+        print(f"caravanserai: error: {exc.message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

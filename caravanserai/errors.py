@@ -1,0 +1,129 @@
+"""Every error caravanserai raises, under one base class with a stable ``code``.
+
+The tree::
+
+    CaravanseraiError                 (code: caravanserai_error)
+    ├── InvalidRunId                  (invalid_run_id)        bad run id; nothing written
+    ├── SerializationError            (serialization_error)   state is not JSON; nothing written
+    ├── RunNotFound                   (run_not_found)         no such run in the store
+    ├── RunLocked                     (run_locked)            another live writer holds the run
+    ├── LeaseLost                     (lease_lost)            this writer's lease/lock is gone
+    ├── JournalCorruptionError        (journal_corruption)    damaged or foreign journal
+    ├── StoreUnavailable              (store_unavailable)     the store cannot be reached/opened
+    ├── UnknownStoreScheme            (unknown_store_scheme)  open_store() got an unknown URL
+    ├── MissingExtra                  (missing_extra)         a backend needs `pip install ...`
+    ├── ObjectNotFound                (object_not_found)      object face: no such key
+    ├── ItemsChanged                  (items_changed)         resumable_iterate input changed
+    └── ResumeError                   (resume_error)          `caravanserai resume` cannot replay
+
+Messages are one line naming the problem and the remedy. Errors carry their fields as
+attributes (``err.run_id``...), compare by ``code`` and survive pickling (they cross process
+boundaries in tests and workers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "CaravanseraiError",
+    "InvalidRunId",
+    "ItemsChanged",
+    "JournalCorruptionError",
+    "LeaseLost",
+    "MissingExtra",
+    "ObjectNotFound",
+    "ResumeError",
+    "RunLocked",
+    "RunNotFound",
+    "SerializationError",
+    "StoreUnavailable",
+    "UnknownStoreScheme",
+]
+
+
+class CaravanseraiError(Exception):
+    """Base class: ``code`` is stable across releases, ``fields`` holds the structured facts."""
+
+    code = "caravanserai_error"
+
+    def __init__(self, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fields = fields
+        for key, value in fields.items():
+            setattr(self, key, value)
+
+    def __reduce__(self):  # keep fields across pickling (multiprocessing, workers)
+        return (_rebuild, (type(self), self.message, self.fields))
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able description, used by ``--json`` output and journal `run_failed` events."""
+        return {"code": self.code, "message": self.message, **{k: _jsonable(v) for k, v in self.fields.items()}}
+
+
+def _rebuild(cls, message, fields):
+    err = cls.__new__(cls)
+    CaravanseraiError.__init__(err, message, **fields)
+    return err
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return repr(value)
+
+
+class InvalidRunId(CaravanseraiError, ValueError):
+    code = "invalid_run_id"
+
+
+class SerializationError(CaravanseraiError, ValueError):
+    code = "serialization_error"
+
+
+class RunNotFound(CaravanseraiError, LookupError):
+    code = "run_not_found"
+
+
+class RunLocked(CaravanseraiError):
+    code = "run_locked"
+
+
+class LeaseLost(CaravanseraiError):
+    code = "lease_lost"
+
+
+class JournalCorruptionError(CaravanseraiError):
+    code = "journal_corruption"
+
+
+class StoreUnavailable(CaravanseraiError, OSError):
+    code = "store_unavailable"
+
+
+class UnknownStoreScheme(CaravanseraiError, ValueError):
+    code = "unknown_store_scheme"
+
+
+class MissingExtra(CaravanseraiError, ImportError):
+    code = "missing_extra"
+
+
+class ObjectNotFound(CaravanseraiError, KeyError):
+    code = "object_not_found"
+
+    def __str__(self) -> str:  # KeyError would otherwise repr() the message
+        return self.message
+
+
+class ItemsChanged(CaravanseraiError):
+    code = "items_changed"
+
+
+class ResumeError(CaravanseraiError):
+    code = "resume_error"

@@ -1,0 +1,186 @@
+"""``resumable_iterate``: a for-loop that resumes where a crash stopped it.
+
+At-least-once: an item counts as done when the loop asks for the next one, so after a kill at
+most the item in flight is redone (with ``every=`` group commit, at most the items since the
+last commit: the trade-off for fast loops). Each done item is journaled with a short
+fingerprint, so a resumed loop *checks* the items it skips instead of trusting positions: a
+reordered, changed or shrunk input raises ``ItemsChanged``; a ``set`` (whose order changes
+between processes) or a loop given ``key=`` resumes by identity instead. The input is consumed
+lazily, never turned into a list, and the loop's progress never touches ``checkpoint()`` state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+import time
+from datetime import timedelta
+from typing import Any, Callable, Iterable, Iterator, TypeVar
+
+from .errors import ItemsChanged
+from .ids import validate_run_id
+from .progress import ProgressLine
+from .run import Run, current_run, open_run
+from .stores import Store
+
+__all__ = ["fingerprint", "resumable_iterate"]
+
+T = TypeVar("T")
+_DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)\s*")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def fingerprint(item: Any) -> str:
+    """A short digest of an item that is stable across processes (JSON, else its repr)."""
+    try:
+        text = json.dumps(item, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=_stable_repr)
+    except (TypeError, ValueError):
+        text = _stable_repr(item)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def _stable_repr(item: Any) -> str:
+    text = repr(item)
+    return type(item).__qualname__ if " at 0x" in text else text  # default reprs hold addresses
+
+
+def _parse_every(every: int | str | timedelta | None) -> tuple[int, float | None]:
+    """(max items per commit, max seconds per commit)."""
+    if every is None:
+        return 1, None
+    if isinstance(every, bool) or isinstance(every, float):
+        raise TypeError(f"every={every!r}: give a number of items (every=100) or a duration (every='2s', timedelta)")
+    if isinstance(every, int):
+        if every < 1:
+            raise ValueError(f"every={every}: commit at least every 1 item")
+        return every, None
+    if isinstance(every, timedelta):
+        return sys.maxsize, every.total_seconds()
+    if isinstance(every, str):
+        match = _DURATION.fullmatch(every)
+        if match:
+            value, unit = float(match.group(1)), match.group(2)
+            return sys.maxsize, value * _UNIT_SECONDS[unit]
+    raise ValueError(f"every={every!r}: use an int (items), a duration string like '500ms' or '2s', or a timedelta")
+
+
+def resumable_iterate(
+    items: Iterable[T],
+    run_id: str,
+    note: Callable[[T], str] | None = None,
+    *,
+    every: int | str | timedelta | None = None,
+    key: Callable[[T], Any] | None = None,
+    progress: bool = False,
+    store: Store | str | None = None,
+) -> Iterator[T]:
+    """Yield the items of ``items`` not yet done in run ``run_id``, recording each as done.
+
+    ``note(item)`` makes the journal note for an item (default ``processed item i/N``).
+    ``every`` groups commits (``100`` items or ``'2s'``); ``key`` resumes by identity;
+    ``progress=True`` prints done/total, rate and ETA (showing where it resumed) to stderr.
+    """
+    validate_run_id(run_id)
+    limits = _parse_every(every)
+    return _iterate(items, run_id, note, limits, key, progress, store)
+
+
+def _iterate(items, run_id, note, limits, key, show_progress, store) -> Iterator[Any]:
+    run = open_run(run_id, store)
+    in_scope = current_run() is run
+    loop = run.next_iterate_loop() if in_scope else 0
+    done = list(run.progress.get(loop, ()))
+    legacy = run.legacy_offset if loop == 0 and not done else None
+    total = len(items) if hasattr(items, "__len__") else None
+    by_identity = key is not None or isinstance(items, (set, frozenset))
+    offset = legacy if legacy is not None else len(done)
+    if not by_identity and total is not None and total < offset:
+        raise _shrunk(run_id, total, offset)
+    commit = _Committer(run, loop, note, limits, total)
+    line = ProgressLine(run_id, total, resumed_at=offset) if show_progress else None
+    position = -1
+    try:
+        if by_identity:
+            seen = set(done)
+            for position, item in enumerate(items):
+                mark = fingerprint(key(item) if key is not None else item)
+                if mark in seen:
+                    continue
+                yield item
+                commit.done(mark, item)
+                if line:
+                    line.update(commit.count + offset)
+        else:
+            for position, item in enumerate(items):
+                if position < offset:
+                    if legacy is None and fingerprint(item) != done[position]:
+                        raise _changed(run_id, position, item)
+                    continue
+                yield item
+                commit.done(fingerprint(item), item)
+                if line:
+                    line.update(position + 1)
+            if position + 1 < offset:
+                raise _shrunk(run_id, position + 1, offset)
+        commit.flush()
+        run.append({"type": "iterate_done", "loop": loop, "count": position + 1})
+        if not in_scope:
+            run.complete()
+    finally:
+        commit.flush()  # on break/exception: items finished before the current one
+        if line:
+            line.close()
+
+
+class _Committer:
+    """Buffers done-item fingerprints and appends them as `progress` events per the group policy."""
+
+    def __init__(self, run: Run, loop: int, note: Callable[[Any], str] | None, limits: tuple[int, float | None], total: int | None) -> None:
+        self.run, self.loop, self.note, self.total = run, loop, note, total
+        self.max_items, self.max_seconds = limits
+        self.pending: list[str] = []
+        self.last_note = ""
+        self.count = 0
+        self.position = len(run.progress.get(loop, ())) or (run.legacy_offset or 0)
+        self.since = time.monotonic()
+
+    def done(self, mark: str, item: Any) -> None:
+        self.pending.append(mark)
+        self.count += 1
+        self.position += 1
+        if self.note is not None:
+            self.last_note = str(self.note(item))
+        else:
+            self.last_note = f"processed item {self.position}/{self.total if self.total is not None else '?'}"
+        if len(self.pending) >= self.max_items or (
+            self.max_seconds is not None and time.monotonic() - self.since >= self.max_seconds
+        ):
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        marks, self.pending = self.pending, []
+        self.run.append({"type": "progress", "loop": self.loop, "done": self.position, "items": marks, "note": self.last_note})
+        self.since = time.monotonic()
+
+
+def _changed(run_id: str, position: int, item: Any) -> ItemsChanged:
+    shown = repr(item)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    return ItemsChanged(
+        f"resumable_iterate on run {run_id!r}: item {position} ({shown}) is not the item processed at that position "
+        "before (the input was reordered or changed); iterate in a stable order, pass key=... to resume by identity, "
+        "or start a new run id",
+        run_id=run_id, position=position,
+    )
+
+
+def _shrunk(run_id: str, total: int, offset: int) -> ItemsChanged:
+    return ItemsChanged(
+        f"resumable_iterate on run {run_id!r}: the input has {total} items but {offset} were already processed "
+        "(it shrank since the earlier attempt); pass the same items, key=... to resume by identity, or start a new run id",
+        run_id=run_id, total=total, done=offset,
+    )

@@ -1,0 +1,132 @@
+"""The journal format: one JSON object per line, numbered, timestamped and hash-chained.
+
+Every event carries ``v`` (format version), ``seq`` (0, 1, 2... no gaps), ``at`` (UTC ISO-8601
+with microseconds) and ``type``, then its own fields, then ``prev``: the first 32 hex digits of
+the SHA-256 of the previous line (absent on ``seq`` 0). The chain makes a changed, dropped or
+reordered line detectable, because a store is a trust boundary. Stores move whole lines; this
+module is the only place that builds or checks them. See ``docs/journal-format.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Iterable, Mapping, Sequence
+
+from .errors import JournalCorruptionError
+
+FORMAT_VERSION = 1
+RESERVED_FIELDS = ("v", "seq", "at", "type", "prev")
+
+
+def utc_now() -> str:
+    """The current UTC time as ISO-8601 with microseconds, e.g. ``2026-11-30T16:40:00.123456+00:00``."""
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def dumps(value: Any) -> str:
+    """Compact, strict (no NaN) JSON text: the one encoding used for journal lines."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def line_digest(line: str) -> str:
+    return hashlib.sha256(line.encode("utf-8")).hexdigest()[:32]
+
+
+class RawJSON:
+    """A value already encoded as JSON text: spliced into the line, not encoded twice (big states)."""
+
+    __slots__ = ("text", "value")
+
+    def __init__(self, text: str, value: Any) -> None:
+        self.text = text
+        self.value = value
+
+
+def _dumps_record(record: dict[str, Any]) -> str:
+    if not any(isinstance(value, RawJSON) for value in record.values()):
+        return dumps(record)
+    parts = [
+        f"{dumps(key)}:{value.text if isinstance(value, RawJSON) else dumps(value)}" for key, value in record.items()
+    ]
+    return "{" + ",".join(parts) + "}"
+
+
+@dataclass
+class Tail:
+    """Where the next event goes: its ``seq`` and the digest of the line before it."""
+
+    seq: int = 0
+    prev: str | None = None
+
+
+def encode(events: Iterable[Mapping[str, Any]], tail: Tail, *, at: str | None = None) -> tuple[list[str], list[dict], Tail]:
+    """Number, timestamp and chain ``events`` after ``tail``; return (lines, full events, new tail).
+
+    ``tail`` is not modified: the caller adopts the new tail only once the store acknowledged
+    the append, so a failed append leaves the writer where it was.
+    """
+    seq, prev = tail.seq, tail.prev
+    lines: list[str] = []
+    full: list[dict] = []
+    stamp = at or utc_now()
+    for event in events:
+        etype = event.get("type")
+        if not isinstance(etype, str) or not etype:
+            raise ValueError(f"journal event needs a non-empty str 'type', got {event!r}")
+        record: dict[str, Any] = {"v": FORMAT_VERSION, "seq": seq, "at": event.get("at", stamp), "type": etype}
+        for key, value in event.items():
+            if key not in RESERVED_FIELDS:
+                record[key] = value
+        if prev is not None:
+            record["prev"] = prev
+        line = _dumps_record(record)
+        lines.append(line)
+        full.append({k: (v.value if isinstance(v, RawJSON) else v) for k, v in record.items()})
+        prev = line_digest(line)
+        seq += 1
+    return lines, full, Tail(seq, prev)
+
+
+def decode(run_id: str, lines: Sequence[str], *, start: int = 0, tail: Tail | None = None) -> tuple[list[dict], Tail]:
+    """Parse and verify journal lines; raise JournalCorruptionError naming the first bad line.
+
+    ``start``/``tail`` let a caller verify only new lines after an already-verified prefix.
+    """
+    events: list[dict] = []
+    tail = tail or Tail()
+    seq, prev = tail.seq, tail.prev
+    for index, line in enumerate(lines, start=start):
+        where = f"journal of run {run_id!r}, line {index + 1}"
+        try:
+            record = json.loads(line)
+        except (ValueError, TypeError) as exc:
+            raise _corrupt(run_id, index, f"{where} is not JSON ({exc.__class__.__name__})") from None
+        if not isinstance(record, dict) or not isinstance(record.get("type"), str):
+            raise _corrupt(run_id, index, f"{where} is not a caravanserai event (no 'type')")
+        version = record.get("v")
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise _corrupt(run_id, index, f"{where} has no format version 'v' (a foreign journal?)")
+        if version > FORMAT_VERSION:
+            raise _corrupt(
+                run_id, index,
+                f"{where} uses journal format v{version}, newer than this caravanserai (v{FORMAT_VERSION}): upgrade caravanserai",
+            )
+        if record.get("seq") != seq:
+            raise _corrupt(run_id, index, f"{where} has seq {record.get('seq')!r}, expected {seq} (a line is missing or reordered)")
+        if record.get("prev") != prev:
+            raise _corrupt(run_id, index, f"{where} does not chain to the line before it (edited, reordered or spliced)")
+        events.append(record)
+        prev = line_digest(line)
+        seq += 1
+    return events, Tail(seq, prev)
+
+
+def _corrupt(run_id: str, index: int, message: str) -> JournalCorruptionError:
+    return JournalCorruptionError(
+        f"{message}; the journal is left untouched: restore it from a backup or move the run directory aside",
+        run_id=run_id,
+        line=index + 1,
+    )

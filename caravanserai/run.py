@@ -1,0 +1,299 @@
+"""A run opened for writing: its lease, its journal tail and what it has recorded so far.
+
+``durable(run_id)`` is the context manager every higher layer builds on (the 0.2.0 functions,
+``resumable_iterate``, the notebook magic). Within one process a run has exactly one ``Run``
+writer, shared through a registry, so ``checkpoint()`` in a loop costs one append each and no
+re-read of the journal; the store's lease keeps other processes out.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextvars
+import os
+import socket
+import sys
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+from . import journal
+from ._version import __version__
+from .errors import CaravanseraiError, RunNotFound
+from .ids import validate_run_id
+from .serialization import to_json
+from .stores import Store, open_store
+from .stores.base import Lease
+
+__all__ = ["Run", "Waypoint", "current_run", "durable", "open_run", "read_events"]
+
+
+@dataclass(frozen=True)
+class Waypoint:
+    """A checkpoint a person can read: number, note, the exact state, and when."""
+
+    n: int
+    note: str
+    state: Any
+    at: str
+    has_state: bool = True
+
+    @classmethod
+    def from_event(cls, event: dict) -> "Waypoint":
+        return cls(event["n"], event.get("note", ""), event.get("state"), event["at"], "state" in event)
+
+
+def launch_info() -> dict[str, Any]:
+    """How this process was started, so ``caravanserai resume`` can replay it faithfully."""
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "cwd": os.getcwd(),
+        "command": [sys.executable, *sys.argv],
+        "orig_argv": [sys.executable, *getattr(sys, "orig_argv", [sys.executable, *sys.argv])[1:]],
+        "python": sys.version.split()[0],
+        "caravanserai": __version__,
+    }
+
+
+class Run:
+    """A run this process writes. Use ``durable()``; construct directly only in tests."""
+
+    def __init__(self, run_id: str, store: Store, lease: Lease, events: Sequence[dict], tail: journal.Tail) -> None:
+        self.run_id = run_id
+        self.store = store
+        self._lease = lease
+        self._tail = tail
+        self._lock = threading.RLock()
+        self._closed = False
+        self._started = bool(events)
+        self.attempt = sum(1 for e in events if e["type"] in ("run_started", "attempt")) + 1
+        self._header: list[dict] = [self._attempt_event(events)]
+        self._last_waypoint: dict | None = None
+        self._waypoint_count = 0
+        self._completed: dict | None = None
+        self._completed_now = False
+        self.progress: dict[int, list[str]] = {}
+        self.legacy_offset: int | None = None
+        for event in events:
+            self._index(event)
+        self._iterate_loops = 0
+
+    # ---- reading -------------------------------------------------------------------------
+    @property
+    def events(self) -> list[dict]:
+        """Every event of the run, verified, read back from the store."""
+        return read_events(self.run_id, self.store)
+
+    @property
+    def waypoints(self) -> list[Waypoint]:
+        return [Waypoint.from_event(e) for e in self.events if e["type"] == "waypoint"]
+
+    @property
+    def latest(self) -> Waypoint | None:
+        return Waypoint.from_event(self._last_waypoint) if self._last_waypoint else None
+
+    @property
+    def state(self) -> Any:
+        """The state of the last waypoint (None before the first checkpoint)."""
+        return self._last_waypoint.get("state") if self._last_waypoint else None
+
+    @property
+    def completed(self) -> bool:
+        return self._completed is not None
+
+    @property
+    def result(self) -> Any:
+        return self._completed.get("result") if self._completed else None
+
+    # ---- writing -------------------------------------------------------------------------
+    def append(self, *events: dict) -> list[dict]:
+        """Append events (type + fields) durably; returns them as stored (with v/seq/at/prev)."""
+        with self._lock:
+            if self._closed:
+                raise CaravanseraiError(f"run {self.run_id!r} is closed; open it again with durable()", run_id=self.run_id)
+            pending = [*self._header, *events]
+            lines, stored, tail = journal.encode(pending, self._tail)
+            self._lease.renew()
+            self.store.append(self.run_id, lines, lease=self._lease, seq=self._tail.seq)
+            self._tail = tail
+            self._header = []
+            self._started = True
+            for event in stored:
+                self._index(event)
+        self.store.committed(self.run_id, stored)
+        return stored[len(pending) - len(events):]
+
+    def checkpoint(self, state: Any, note: Any = "") -> int:
+        """Commit ``state`` and ``note`` together as the next waypoint; returns its number."""
+        text = to_json(state)
+        with self._lock:
+            n = (self._last_waypoint["n"] if self._last_waypoint else 0) + 1
+            self.append({"type": "waypoint", "n": n, "note": str(note), "state": journal.RawJSON(text, state)})
+            return n
+
+    def complete(self, result: Any = None) -> None:
+        """Record that the run finished (``result`` kept if it is JSON); once per attempt."""
+        if self._completed_now:
+            return
+        event: dict[str, Any] = {"type": "run_completed"}
+        try:
+            event["result"] = journal.RawJSON(to_json(result, what="result"), result)
+        except CaravanseraiError:
+            event["result_repr"] = repr(result)[:200]
+        self.append(event)
+        self._completed_now = True
+
+    def fail(self, error: BaseException) -> None:
+        """Record that this attempt ended with ``error``; a later attempt may resume the run."""
+        info = error.to_dict() if isinstance(error, CaravanseraiError) else {
+            "code": type(error).__name__, "message": str(error)[:2000]}
+        self.append({"type": "run_failed", **info})
+
+    def next_iterate_loop(self) -> int:
+        """Ordinal of the next ``resumable_iterate`` loop over this run in this attempt."""
+        with self._lock:
+            index = self._iterate_loops
+            self._iterate_loops += 1
+            return index
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._lease.release()
+                _REGISTRY.forget(self)
+
+    # ---- internals -----------------------------------------------------------------------
+    def _attempt_event(self, events: Sequence[dict]) -> dict:
+        info = launch_info()
+        if not events:
+            return {"type": "run_started", "run_id": self.run_id, **info}
+        return {"type": "attempt", "attempt": self.attempt, **info}
+
+    def _index(self, event: dict) -> None:
+        etype = event["type"]
+        if etype == "waypoint":
+            self._waypoint_count += 1
+            if "state" in event:
+                self._last_waypoint = event
+                state = event["state"]
+                if isinstance(state, dict) and set(state) == {"_i"} and isinstance(state["_i"], int):
+                    self.legacy_offset = state["_i"]  # 0.2.0's resumable_iterate progress
+        elif etype == "progress":
+            self.progress.setdefault(event.get("loop", 0), []).extend(event.get("items", ()))
+        elif etype == "run_completed":
+            self._completed = event
+        elif etype in ("attempt", "run_failed"):
+            self._completed = None
+
+    def __repr__(self) -> str:
+        return f"<Run {self.run_id!r} attempt {self.attempt} in {self.store.url}>"
+
+
+class _Registry:
+    """The one writer per (store, run) in this process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: dict[tuple[str, str], Run] = {}
+
+    def get(self, run_id: str, store: Store) -> Run | None:
+        with self._lock:
+            return self._runs.get((store.url, run_id))
+
+    def open(self, run_id: str, store: Store) -> Run:
+        with self._lock:
+            run = self._runs.get((store.url, run_id))
+            if run is not None:
+                return run
+            lease = store.acquire(run_id)
+            try:
+                events, tail = journal.decode(run_id, store.load(run_id))
+                run = Run(run_id, store, lease, events, tail)
+            except BaseException:
+                lease.release()
+                raise
+            self._runs[(store.url, run_id)] = run
+            return run
+
+    def forget(self, run: Run) -> None:
+        with self._lock:
+            if self._runs.get((run.store.url, run.run_id)) is run:
+                del self._runs[(run.store.url, run.run_id)]
+
+    def close_all(self) -> None:
+        for run in list(self._runs.values()):
+            try:
+                run.close()
+            except Exception:
+                pass
+
+    def reset_after_fork(self) -> None:
+        # A forked child must not write through its parent's lease.
+        self._lock = threading.Lock()
+        self._runs = {}
+
+
+_REGISTRY = _Registry()
+atexit.register(_REGISTRY.close_all)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_REGISTRY.reset_after_fork)
+
+_CURRENT: contextvars.ContextVar[Run | None] = contextvars.ContextVar("caravanserai_current_run", default=None)
+
+
+def current_run() -> Run | None:
+    """The run of the innermost ``durable()`` block (or ``%%resumable`` cell), if any."""
+    return _CURRENT.get()
+
+
+def open_run(run_id: str, store: Store | str | None = None) -> Run:
+    """The process's writer for ``run_id`` (opened and locked on first use)."""
+    run_id = validate_run_id(run_id)
+    return _REGISTRY.open(run_id, open_store(store))
+
+
+def read_events(run_id: str, store: Store | str | None = None) -> list[dict]:
+    """Verified events of a run, without taking its lock (a reader never blocks a writer)."""
+    store = open_store(store)
+    return journal.decode(run_id, store.load(run_id))[0]
+
+
+@contextmanager
+def durable(run_id: str, *, store: Store | str | None = None) -> Iterator[Run]:
+    """Run a block as one durable run: locked, journaled, completed on success.
+
+    An exception records ``run_failed`` for this attempt and propagates; KeyboardInterrupt
+    (Ctrl-C, Kernel > Interrupt) records nothing, so the run stays pending and resumable.
+    """
+    run_id = validate_run_id(run_id)
+    resolved = open_store(store)
+    owner = _REGISTRY.get(run_id, resolved) is None  # a nested block on the same run leaves it to the outer one
+    run = _REGISTRY.open(run_id, resolved)
+    if owner:
+        run._iterate_loops = 0
+    token = _CURRENT.set(run)
+    try:
+        yield run
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        if owner and not isinstance(exc, GeneratorExit):
+            run.fail(exc)
+        raise
+    else:
+        if owner:
+            run.complete()
+    finally:
+        _CURRENT.reset(token)
+        if owner:
+            run.close()
+
+
+def require_events(run_id: str, store: Store | str | None = None) -> list[dict]:
+    events = read_events(run_id, store)
+    if not events:
+        raise RunNotFound(f"no checkpoints for run {run_id!r} in {open_store(store).url}; check the id with `caravanserai list`", run_id=run_id)
+    return events

@@ -1,0 +1,230 @@
+"""The store conformance suite: the same behaviour checked on every backend.
+
+Subclass ``StoreConformance`` in a test module and provide a ``store`` fixture that yields a
+fresh, empty store; pytest then runs every case below against it::
+
+    class TestMyStore(StoreConformance):
+        @pytest.fixture
+        def store(self, tmp_path):
+            yield MyStore(tmp_path)
+
+``journal_machine(make_store)`` builds a Hypothesis state machine that drives acquire/append/
+release/load against a plain list model. Requires pytest (and Hypothesis for the machine).
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from typing import Callable
+
+import pytest
+
+from .. import journal
+from ..errors import JournalCorruptionError, LeaseLost, ObjectNotFound, RunLocked
+from ..stores.base import Store
+
+__all__ = ["StoreConformance", "journal_machine", "make_lines"]
+
+
+def make_lines(run_id: str, count: int, tail: journal.Tail | None = None, **fields) -> tuple[list[str], journal.Tail]:
+    events = [{"type": "note", "i": i, "text": f"event {i} ✓", **fields} for i in range(count)]
+    lines, _, new_tail = journal.encode(events, tail or journal.Tail())
+    return lines, new_tail
+
+
+class StoreConformance:
+    """Behaviour every ``Store`` backend must have (journal face and object face)."""
+
+    @pytest.fixture
+    def run_id(self) -> str:
+        return f"run-{uuid.uuid4().hex[:8]}"
+
+    # ---- journal face -------------------------------------------------------------------
+    def test_unknown_run_loads_empty(self, store: Store, run_id: str) -> None:
+        assert store.load(run_id) == []
+        assert store.events(run_id) == []
+        assert run_id not in store.list()
+
+    def test_append_then_load_round_trips(self, store: Store, run_id: str) -> None:
+        lines, tail = make_lines(run_id, 3)
+        with store.acquire(run_id) as lease:
+            store.append(run_id, lines, lease=lease, seq=0)
+            more, _ = make_lines(run_id, 2, tail)
+            store.append(run_id, more, lease=lease, seq=3)
+        assert store.load(run_id) == lines + more
+        assert [e["seq"] for e in store.events(run_id)] == [0, 1, 2, 3, 4]
+        assert run_id in store.list()
+
+    def test_second_acquire_is_refused_naming_the_holder(self, store: Store, run_id: str) -> None:
+        with store.acquire(run_id) as lease:
+            with pytest.raises(RunLocked) as info:
+                store.acquire(run_id)
+            assert info.value.code == "run_locked"
+            assert info.value.holder["pid"] == lease.holder["pid"]
+            assert str(lease.holder["pid"]) in str(info.value)
+
+    def test_release_lets_another_writer_in_with_a_newer_token(self, store: Store, run_id: str) -> None:
+        first = store.acquire(run_id)
+        lines, _ = make_lines(run_id, 1)
+        store.append(run_id, lines, lease=first, seq=0)
+        first.release()
+        second = store.acquire(run_id)
+        try:
+            assert second.token > first.token
+        finally:
+            second.release()
+
+    def test_released_lease_cannot_append(self, store: Store, run_id: str) -> None:
+        lease = store.acquire(run_id)
+        lease.release()
+        assert not lease.held
+        lines, _ = make_lines(run_id, 1)
+        with pytest.raises(LeaseLost):
+            store.append(run_id, lines, lease=lease, seq=0)
+        assert store.load(run_id) == []
+
+    def test_append_at_wrong_seq_is_refused(self, store: Store, run_id: str) -> None:
+        lines, _ = make_lines(run_id, 2)
+        with store.acquire(run_id) as lease:
+            store.append(run_id, lines[:1], lease=lease, seq=0)
+            with pytest.raises((ValueError, LeaseLost)):
+                store.append(run_id, lines[1:], lease=lease, seq=5)
+        assert store.load(run_id) == lines[:1]
+
+    def test_remove_deletes_and_respects_the_lock(self, store: Store, run_id: str) -> None:
+        lines, _ = make_lines(run_id, 2)
+        with store.acquire(run_id) as lease:
+            store.append(run_id, lines, lease=lease, seq=0)
+            with pytest.raises(RunLocked):
+                store.remove(run_id)
+        assert store.remove(run_id) is True
+        assert store.load(run_id) == []
+        assert store.remove(run_id) is False
+
+    def test_runs_are_independent_and_listed_sorted(self, store: Store) -> None:
+        ids = ["b-run", "a-run", "c.run_1"]
+        for rid in ids:
+            lines, _ = make_lines(rid, 1)
+            with store.acquire(rid) as lease:
+                store.append(rid, lines, lease=lease, seq=0)
+        listed = [r for r in store.list() if r in ids]
+        assert listed == sorted(ids)
+        assert all(len(store.load(rid)) == 1 for rid in ids)
+
+    def test_tampered_line_is_detected_on_read(self, store: Store, run_id: str) -> None:
+        lines, _ = make_lines(run_id, 3)
+        forged = lines[1].replace("event 1", "event X")
+        with store.acquire(run_id) as lease:
+            store.append(run_id, [lines[0], forged, lines[2]], lease=lease, seq=0)
+        with pytest.raises(JournalCorruptionError) as info:
+            store.events(run_id)
+        assert info.value.line == 3  # line 3 no longer chains to the edited line 2
+
+    # ---- object face --------------------------------------------------------------------
+    def test_objects_put_get_exists_delete(self, store: Store) -> None:
+        objects = store.objects
+        key = f"ckpt/{uuid.uuid4().hex}/a.bin"
+        assert not objects.exists(key)
+        objects.put(key, b"\x00\x01binary\xff")
+        assert objects.exists(key)
+        assert objects.get(key) == b"\x00\x01binary\xff"
+        objects.put(key, b"v2")
+        assert objects.get(key) == b"v2"
+        assert objects.delete(key) is True
+        assert objects.delete(key) is False
+        with pytest.raises(ObjectNotFound):
+            objects.get(key)
+        with pytest.raises(KeyError):
+            objects.get(key)
+
+    def test_objects_put_if_absent_is_write_once(self, store: Store) -> None:
+        key = f"once/{uuid.uuid4().hex}"
+        assert store.objects.put_if_absent(key, b"first") is True
+        assert store.objects.put_if_absent(key, b"second") is False
+        assert store.objects.get(key) == b"first"
+
+    def test_objects_put_if_absent_has_one_winner_under_contention(self, store: Store) -> None:
+        key = f"race/{uuid.uuid4().hex}"
+        wins: list[bytes] = []
+        barrier = threading.Barrier(8)
+
+        def contend(i: int) -> None:
+            barrier.wait()
+            if store.objects.put_if_absent(key, f"writer {i}".encode()):
+                wins.append(f"writer {i}".encode())
+
+        threads = [threading.Thread(target=contend, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(wins) == 1
+        assert store.objects.get(key) == wins[0]
+
+    def test_objects_list_by_prefix_sorted(self, store: Store) -> None:
+        base = f"l{uuid.uuid4().hex[:6]}"
+        for name in ("b", "a", "sub/c", "sub/d"):
+            store.objects.put(f"{base}/{name}", name.encode())
+        assert store.objects.list(f"{base}/") == [f"{base}/{n}" for n in ("a", "b", "sub/c", "sub/d")]
+        assert store.objects.list(f"{base}/sub/") == [f"{base}/sub/c", f"{base}/sub/d"]
+
+    @pytest.mark.parametrize("key", ["", "/abs", "a/../b", "a//b"])
+    def test_objects_reject_bad_keys(self, store: Store, key: str) -> None:
+        with pytest.raises(ValueError):
+            store.objects.put(key, b"x")
+
+
+def journal_machine(make_store: Callable[[], Store]):
+    """A Hypothesis RuleBasedStateMachine checking a store's journal against a list model."""
+    from hypothesis import strategies as st
+    from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+    class JournalMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.store = make_store()
+            self.run_id = f"sm-{uuid.uuid4().hex[:8]}"
+            self.model: list[str] = []
+            self.tail = journal.Tail()
+            self.lease = None
+            self.stale = None
+
+        @rule()
+        def acquire(self) -> None:
+            if self.lease is not None:
+                with pytest.raises(RunLocked):
+                    self.store.acquire(self.run_id)
+            else:
+                self.lease = self.store.acquire(self.run_id)
+
+        @precondition(lambda self: self.lease is not None)
+        @rule(count=st.integers(1, 4), text=st.text(max_size=20))
+        def append(self, count: int, text: str) -> None:
+            lines, _, tail = journal.encode([{"type": "t", "text": text}] * count, self.tail)
+            self.store.append(self.run_id, lines, lease=self.lease, seq=self.tail.seq)
+            self.model.extend(lines)
+            self.tail = tail
+
+        @precondition(lambda self: self.lease is not None)
+        @rule()
+        def release(self) -> None:
+            self.lease.release()
+            self.stale, self.lease = self.lease, None
+
+        @precondition(lambda self: self.stale is not None and self.lease is None)
+        @rule()
+        def stale_append_is_refused(self) -> None:
+            lines, _, _ = journal.encode([{"type": "t"}], self.tail)
+            with pytest.raises(LeaseLost):
+                self.store.append(self.run_id, lines, lease=self.stale, seq=self.tail.seq)
+
+        @invariant()
+        def load_matches_model(self) -> None:
+            assert self.store.load(self.run_id) == self.model
+
+        def teardown(self) -> None:
+            if self.lease is not None:
+                self.lease.release()
+
+    return JournalMachine

@@ -1,0 +1,472 @@
+"""Real processes, really killed: SIGKILL/SIGINT at random instants, then resume and check the trail.
+
+a. 200+ (``CARAVANSERAI_KILLS``) random SIGKILLs of a tight checkpoint loop accumulating in one
+   journal (a fresh run every 50 kills): nothing acknowledged is lost, numbering is contiguous,
+   note and state always belong together, and the views agree with the journal once refreshed.
+b. Two processes on one run: the second gets RunLocked naming the first's pid and host, nothing
+   is corrupted, and after the first is SIGKILLed the second takes over and continues numbering.
+c. The seed README's two code samples, verbatim, SIGKILLed mid-run and re-run: they resume,
+   redo at most one item per kill, process everything, and a finished re-run does nothing.
+d. ``demo.py``: the README transcript (Ctrl-C, run again, ``caravanserai show demo``).
+
+Children live in ``tests/children/``. ``CARAVANSERAI_KILL_SEED`` replays a random kill schedule.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import re
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+import caravanserai
+from caravanserai.run import read_events
+
+PYTHON = sys.executable
+TESTS = Path(__file__).resolve().parent
+CHILDREN = TESTS / "children"
+REPO = TESTS.parent
+TIGHT_LOOP = CHILDREN / "tight_loop.py"
+
+
+def _load_child_module(path: Path):
+    spec = importlib.util.spec_from_file_location(f"_child_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # defines functions only: main() runs under __main__
+    return module
+
+
+_tight = _load_child_module(TIGHT_LOOP)
+
+
+@lru_cache(maxsize=None)
+def expected_pad(step: int) -> str:
+    return _tight.pad(step)
+
+
+def _env(child_env: dict[str, str], **extra: str) -> dict[str, str]:
+    env = dict(child_env)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+# ---- ack pipe ---------------------------------------------------------------------------------
+class AckReader:
+    """Reads ``"<n>\\n"`` acknowledgements a child writes to a pipe."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.buffer = b""
+        self.acks: list[int] = []
+        self.eof = False
+
+    def _read(self, timeout: float) -> None:
+        ready, _, _ = select.select([self.fd], [], [], timeout)
+        if not ready:
+            return
+        chunk = os.read(self.fd, 65536)
+        if not chunk:
+            self.eof = True
+            return
+        self.buffer += chunk
+        *lines, self.buffer = self.buffer.split(b"\n")
+        self.acks.extend(int(line) for line in lines if line.strip())
+
+    def wait_for(self, count: int, timeout: float = 20.0) -> bool:
+        """True once ``count`` acks arrived; False on EOF (the child died by itself)."""
+        deadline = time.monotonic() + timeout
+        while len(self.acks) < count:
+            if self.eof:
+                return False
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"no {count} acks within {timeout}s (got {self.acks[-5:]})")
+            self._read(min(left, 0.5))
+        return True
+
+    def drain(self, timeout: float = 10.0) -> list[int]:
+        """Read to EOF (call after the writer is dead) and return every ack."""
+        deadline = time.monotonic() + timeout
+        while not self.eof:
+            if time.monotonic() > deadline:
+                raise AssertionError("ack pipe never reached EOF")
+            self._read(0.5)
+        assert not self.buffer.strip(), f"torn ack {self.buffer!r}"  # acks are tiny atomic writes
+        os.close(self.fd)
+        return self.acks
+
+
+def spawn_tight(run_id: str, env: dict[str, str], cwd: Path, stderr, limit: int | None = None):
+    read_fd, write_fd = os.pipe()
+    try:
+        args = [PYTHON, str(TIGHT_LOOP), run_id, str(write_fd)] + ([str(limit)] if limit is not None else [])
+        proc = subprocess.Popen(args, pass_fds=(write_fd,), env=env, cwd=cwd,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr)
+    finally:
+        os.close(write_fd)
+    return proc, AckReader(read_fd)
+
+
+def kill9(proc: subprocess.Popen) -> None:
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+
+
+# ---- checking a run against its journal -------------------------------------------------------
+WAYPOINT_MD = re.compile(r"# Waypoint (\d+) - (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00)\n\n(.*)\n", re.S)
+
+
+def check_views(run_dir: Path, last: dict) -> None:
+    """``latest``, ``state.json`` and ``waypoint-<latest>.md`` agree with the journal's last waypoint."""
+    n = last["n"]
+    assert (run_dir / "latest").read_text(encoding="utf-8").strip() == str(n), f"latest view != {n}"
+    assert json.loads((run_dir / "state.json").read_text(encoding="utf-8")) == last["state"], "state.json != journal"
+    md = (run_dir / f"waypoint-{n}.md").read_text(encoding="utf-8")
+    match = WAYPOINT_MD.fullmatch(md)
+    assert match, f"waypoint-{n}.md is not in 0.2.0's format: {md[:200]!r}"
+    assert int(match.group(1)) == n
+    assert match.group(3) == last["note"], f"waypoint-{n}.md note {match.group(3)!r} != journal {last['note']!r}"
+
+
+def check_tight_run(run_id: str, run_dir: Path, acked: int) -> list[dict]:
+    """Everything test (a) promises after a kill; returns the run's waypoint events."""
+    events = read_events(run_id)  # decodes and verifies seq + hash chain: raises if corrupted
+    waypoints = [e for e in events if e["type"] == "waypoint"]
+    numbers = [e["n"] for e in waypoints]
+    assert numbers == list(range(1, len(numbers) + 1)), f"waypoint numbers not contiguous: {numbers[-10:]}"
+    last_n = numbers[-1] if numbers else 0
+    assert last_n >= acked, f"acknowledged waypoint {acked} lost: journal ends at {last_n}"
+    for event in waypoints:
+        state = event["state"]
+        assert event["note"] == f"note {state['step']}", f"waypoint {event['n']}: note {event['note']!r} with state step {state['step']}"
+        assert state["step"] == event["n"], f"waypoint {event['n']} holds step {state['step']}"
+        assert state["pad"] == expected_pad(state["step"]), f"waypoint {event['n']}: state damaged"
+    latest = caravanserai.load_latest(run_id)  # no writer holds the run: re-renders stale views
+    if not waypoints:
+        assert latest is None
+        return waypoints
+    last = waypoints[-1]
+    assert latest == (last["state"], last["note"], last["n"])
+    assert latest[1] == f"note {latest[0]['step']}"
+    check_views(run_dir, last)
+    return waypoints
+
+
+# ---- a. random SIGKILLs of a tight checkpoint loop --------------------------------------------
+@pytest.mark.slow
+def test_random_sigkills_of_tight_checkpoint_loop(project: Path, child_env: dict[str, str]) -> None:
+    kills = int(os.environ.get("CARAVANSERAI_KILLS", "200"))
+    seed = int(os.environ.get("CARAVANSERAI_KILL_SEED", str(time.time_ns() % 2**32)))
+    rng = random.Random(seed)
+    env = _env(child_env)
+    stats = Counter()
+    started = time.monotonic()
+    errors = project / "child-stderr.txt"
+    run_id, acked, runs = None, 0, []
+    with open(errors, "wb") as stderr:
+        for k in range(kills):
+            if k % 50 == 0:  # every 50 kills a fresh run as well
+                run_id, acked = f"tight-{k // 50}", 0
+                runs.append(run_id)
+            run_dir = project / ".caravanserai" / run_id
+            before = [e["n"] for e in read_events(run_id) if e["type"] == "waypoint"]
+            proc, reader = spawn_tight(run_id, env, project, stderr)
+            try:
+                if rng.random() < 0.15:
+                    # from the start: kills land in start-up, open (torn-tail repair) or the first checkpoints
+                    time.sleep(rng.uniform(0.0, 0.12))
+                    stats["from_start"] += 1
+                else:
+                    target = rng.randint(1, 12)
+                    if not reader.wait_for(target):
+                        proc.wait(timeout=30)
+                        pytest.fail(f"kill {k} (seed {seed}): child died by itself, rc {proc.returncode}:\n"
+                                    + errors.read_text(errors="replace")[-3000:])
+                    time.sleep(rng.uniform(0.0, 0.030))
+            finally:
+                kill9(proc)
+            acks = reader.drain()
+            assert proc.returncode == -signal.SIGKILL, (
+                f"kill {k} (seed {seed}): child exited {proc.returncode} before the kill:\n"
+                + errors.read_text(errors="replace")[-3000:])
+            first = (before[-1] if before else 0) + 1
+            assert acks == list(range(first, first + len(acks))), f"kill {k} (seed {seed}): acks {acks[:5]}... not from {first}"
+            acked = max([acked, *acks])
+            stats["acks"] += len(acks)
+            stats["no_ack"] += not acks
+            journal_bytes = (run_dir / "journal.jsonl").read_bytes() if (run_dir / "journal.jsonl").exists() else b""
+            stats["torn_tail"] += bool(journal_bytes) and not journal_bytes.endswith(b"\n")
+            try:
+                stats["unacked_commit"] += bool(journal_bytes) and max(acked, before[-1] if before else 0) < _last_n(journal_bytes)
+                view = (run_dir / "latest").read_text().strip() if (run_dir / "latest").exists() else None
+                last_n = _last_n(journal_bytes)
+                stats["stale_views"] += view != (str(last_n) if last_n else None)
+                check_tight_run(run_id, run_dir, acked)
+            except AssertionError as exc:
+                raise AssertionError(f"kill {k} of run {run_id} (seed {seed}): {exc}") from exc
+        # the last run still works: a child that finishes normally continues the numbering
+        before = [e["n"] for e in read_events(run_id) if e["type"] == "waypoint"]
+        proc, reader = spawn_tight(run_id, env, project, stderr, limit=3)
+        proc.wait(timeout=60)
+        acks = reader.drain()
+    assert proc.returncode == 0, errors.read_text(errors="replace")[-3000:]
+    first = (before[-1] if before else 0) + 1
+    assert acks == [first, first + 1, first + 2]
+    waypoints = check_tight_run(run_id, project / ".caravanserai" / run_id, acks[-1])
+    assert waypoints[-1]["n"] == acks[-1]
+    total = sum(len([e for e in read_events(r) if e["type"] == "waypoint"]) for r in runs)
+    elapsed = time.monotonic() - started
+    print(f"\n{kills} SIGKILLs (seed {seed}) over {len(runs)} runs in {elapsed:.1f}s: {total} waypoints, "
+          + ", ".join(f"{key} {value}" for key, value in sorted(stats.items())))
+
+
+def _last_n(journal_bytes: bytes) -> int:
+    """The last complete waypoint number in raw journal bytes (0 if none)."""
+    for line in reversed(journal_bytes[: journal_bytes.rfind(b"\n") + 1].splitlines()):
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("type") == "waypoint":
+            return event["n"]
+    return 0
+
+
+# ---- b. two processes on one run --------------------------------------------------------------
+HOLDER = r"""
+import sys, time
+import caravanserai
+with caravanserai.durable("shared") as run:
+    step = (run.state or {}).get("step", 0)
+    while True:
+        step += 1
+        n = run.checkpoint({"step": step, "by": "A"}, f"A finished step {step}")
+        print(n, flush=True)
+        time.sleep(0.02)
+"""
+
+INTRUDER = r"""
+import json, os, sys
+import caravanserai
+seen = caravanserai.load_latest("shared")  # reading never needs the lock
+try:
+    n = caravanserai.checkpoint("shared", {"step": -1, "by": "B"}, "B was here")
+except caravanserai.RunLocked as exc:
+    print(json.dumps({"locked": str(exc), "holder": getattr(exc, "holder", None), "seen": seen[2] if seen else None}))
+    sys.exit(3)
+print(json.dumps({"n": n, "pid": os.getpid(), "seen": seen[2] if seen else None}))
+"""
+
+
+def _run_intruder(project: Path, env: dict[str, str]) -> tuple[int, dict]:
+    out = subprocess.run([PYTHON, "-c", INTRUDER], cwd=project, env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip(), out.stderr
+    return out.returncode, json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _check_shared(holder_acked: int) -> list[dict]:
+    events = read_events("shared")  # decodes and verifies the whole chain
+    waypoints = [e for e in events if e["type"] == "waypoint"]
+    assert [e["n"] for e in waypoints] == list(range(1, len(waypoints) + 1))
+    assert len(waypoints) >= holder_acked
+    for e in waypoints:
+        if e["state"]["by"] == "A":
+            assert e["note"] == f"A finished step {e['state']['step']}" and e["state"]["step"] == e["n"]
+    return waypoints
+
+
+@pytest.mark.slow
+def test_second_process_gets_run_locked_then_takes_over_after_sigkill(project: Path, child_env: dict[str, str]) -> None:
+    env = _env(child_env)
+    holder = subprocess.Popen([PYTHON, "-c", HOLDER], cwd=project, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    reader = AckReader(os.dup(holder.stdout.fileno()))  # drain() closes its own copy
+    try:
+        assert reader.wait_for(3), holder.stderr.read().decode(errors="replace") if holder.poll() is not None else "A died"
+        rc, report = _run_intruder(project, env)
+        assert rc == 3, f"B wrote into A's run: {report}"
+        message = report["locked"]
+        assert f"pid {holder.pid}" in message, message
+        assert socket.gethostname() in message, message
+        assert report["seen"] is not None and report["seen"] >= 3  # B could read while A writes
+        assert holder.poll() is None, "A must be unaffected by B's attempt"
+        reader.wait_for(len(reader.acks) + 2)  # A keeps checkpointing after B was turned away
+        waypoints = _check_shared(len(reader.acks))
+        assert all(e["state"]["by"] == "A" for e in waypoints)
+        assert not any(e.get("pid") not in (None, holder.pid) for e in read_events("shared")), "B left an event"
+    finally:
+        kill9(holder)
+    acks = reader.drain()
+    holder.stdout.close()
+    holder.stderr.close()
+    assert acks == list(range(1, len(acks) + 1))
+    a_waypoints = _check_shared(acks[-1])
+    last_a = a_waypoints[-1]["n"]
+    assert last_a >= acks[-1]
+
+    rc, report = _run_intruder(project, env)  # the kernel dropped A's flock: B takes over
+    assert rc == 0, report
+    assert report["n"] == last_a + 1
+    waypoints = _check_shared(last_a)
+    assert waypoints[:-1] == a_waypoints
+    assert waypoints[-1]["n"] == last_a + 1 and waypoints[-1]["note"] == "B was here"
+    attempts = [e for e in read_events("shared") if e["type"] in ("run_started", "attempt")]
+    assert [e.get("pid") for e in attempts] == [holder.pid, report["pid"]]
+    assert caravanserai.load_latest("shared") == ({"step": -1, "by": "B"}, "B was here", last_a + 1)
+    check_views(project / ".caravanserai" / "shared", waypoints[-1])
+
+
+# ---- c. the seed README samples, verbatim, killed and re-run ----------------------------------
+def _lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").split() if path.exists() else []
+
+
+def _kill_after_lines(proc: subprocess.Popen, log: Path, count: int, extra_sleep: float, timeout: float = 30.0) -> list[str]:
+    """SIGKILL ``proc`` ``extra_sleep`` s after ``log`` reached ``count`` lines; returns the lines then."""
+    deadline = time.monotonic() + timeout
+    while len(_lines(log)) < count:
+        if proc.poll() is not None:
+            raise AssertionError(f"script ended (rc {proc.returncode}) before {count} log lines: {_lines(log)}")
+        if time.monotonic() > deadline:
+            kill9(proc)
+            raise AssertionError(f"no {count} log lines within {timeout}s: {_lines(log)}")
+        time.sleep(0.003)
+    time.sleep(extra_sleep)
+    kill9(proc)
+    assert proc.returncode == -signal.SIGKILL, f"script ended by itself (rc {proc.returncode}) before the kill"
+    return _lines(log)
+
+
+def _run_to_end(script: Path, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    out = subprocess.run([PYTHON, str(script)], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out
+
+
+@pytest.mark.slow
+def test_seed_iterate_sample_killed_twice_resumes(project: Path, child_env: dict[str, str]) -> None:
+    delay = 0.15
+    env = _env(child_env, SEED_ITEM_DELAY=str(delay))
+    script = shutil.copy(CHILDREN / "seed_iterate.py", project / "seed_iterate.py")
+    log = project / "converted.log"
+    items = [f"file-{i:02d}.txt" for i in range(1, 13)]
+    rng = random.Random()
+
+    kills = 0
+    seen: list[str] = []
+    for count in (3, 4):  # killed mid-item at the 3rd item, then again 4 items into the re-run
+        proc = subprocess.Popen([PYTHON, str(script)], cwd=project, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        lines = _kill_after_lines(proc, log, len(seen) + count, rng.uniform(0.01, delay * 0.6))
+        kills += 1
+        new = lines[len(seen):]
+        if seen:  # resumed, not restarted: picks up at the item in flight at the kill, or the next
+            assert new[0] in (seen[-1], items[items.index(seen[-1]) + 1]), f"restarted? {seen} then {new}"
+        seen = lines
+    before_end = list(seen)
+    _run_to_end(script, project, env)
+    lines = _lines(log)
+    assert lines[len(before_end)] in (before_end[-1], items[items.index(before_end[-1]) + 1]), lines
+    assert set(lines) == set(items), f"items never processed: {sorted(set(items) - set(lines))}"
+    positions = [items.index(name) for name in lines]
+    assert positions == sorted(positions), f"went backwards (restart?): {lines}"
+    duplicates = len(lines) - len(set(lines))
+    assert duplicates <= kills, f"{duplicates} items redone after {kills} kills: {lines}"
+    assert max(Counter(lines).values()) <= 2, lines
+
+    _run_to_end(script, project, env)  # a finished run does no work
+    assert _lines(log) == lines
+
+
+@pytest.mark.slow
+def test_seed_steps_sample_killed_resumes(project: Path, child_env: dict[str, str]) -> None:
+    delay = 0.2
+    env = _env(child_env, SEED_STEP_DELAY=str(delay))
+    script = shutil.copy(CHILDREN / "seed_steps.py", project / "seed_steps.py")
+    log = project / "steps.log"
+    proc = subprocess.Popen([PYTHON, str(script)], cwd=project, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    before = _kill_after_lines(proc, log, 2, delay * 0.4)  # mid step 2
+    assert before == ["1", "2"]
+    saved = caravanserai.load_latest("my-run")
+    done = saved[0]["step"] if saved else 0
+    _run_to_end(script, project, env)
+    steps = [int(s) for s in _lines(log)]
+    assert steps[len(before)] == done + 1, f"re-run did not resume after step {done}: {steps}"
+    assert steps == sorted(steps) and steps[0] == 1 and steps.count(1) == 1, f"restarted: {steps}"
+    assert set(steps) == {1, 2, 3, 4, 5}
+    assert len(steps) - 5 <= 1, f"more than one step redone after one kill: {steps}"
+    waypoints = caravanserai.history("my-run")
+    assert [(w.n, w.state, w.note) for w in waypoints] == [
+        (n, {"step": n}, f"finished step {n}, next is step {n + 1}") for n in range(1, 6)
+    ]
+    assert caravanserai.load_latest("my-run") == ({"step": 5}, "finished step 5, next is step 6", 5)
+
+    _run_to_end(script, project, env)  # a finished run does no work
+    assert [int(s) for s in _lines(log)] == steps
+    assert len(caravanserai.history("my-run")) == 5
+
+
+# ---- d. demo.py -------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_demo_transcript(project: Path, child_env: dict[str, str]) -> None:
+    demo = REPO / "demo.py"
+    assert demo.is_file(), f"{demo} is missing (the README's `python demo.py`)"
+    shutil.copy(demo, project / "demo.py")
+    env = _env(child_env, CARAVANSERAI_DEMO_DELAY="0.3")
+    steps = [f"[{i}/5] doing work..." for i in range(1, 6)]
+
+    proc = subprocess.Popen([PYTHON, "demo.py"], cwd=project, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first: list[str] = []
+    try:
+        deadline = time.monotonic() + 30
+        while steps[2] not in first:
+            line = proc.stdout.readline()
+            assert line, f"demo ended before [3/5]: {first}"
+            first.append(line.rstrip("\n"))
+            assert time.monotonic() < deadline
+        time.sleep(0.15)  # Ctrl-C in the middle of the step after "[3/5]" appeared
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            kill9(proc)
+    first += rest.splitlines()
+    assert proc.returncode != 0, first
+    assert "crashed/killed mid-task. run me again - I'll resume, not restart." in first, first
+    printed = [line for line in first if line.startswith("[")]
+    assert printed == steps[: len(printed)] and len(printed) in (3, 4), first
+    assert "done." not in first
+
+    saved = caravanserai.load_latest("demo")
+    done = saved[0]["step"] if saved else 0
+    assert done == len(printed), f"[{len(printed)}/5] was printed but the journal holds step {done}: {saved}"
+
+    again = subprocess.run([PYTHON, "demo.py"], cwd=project, env=env, capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    out = again.stdout.splitlines()
+    assert out[0] == steps[done], f"re-run after step {done} should start at step {done + 1}: {out}"
+    assert out == steps[done:] + ["done."], out
+
+    show = subprocess.run([PYTHON, "-m", "caravanserai", "show", "demo"], cwd=project, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert show.returncode == 0, show.stderr
+    assert show.stdout.rstrip("\n") == 'waypoint 5\n\nfinished step 5/5\n\nstate: {"step": 5}', show.stdout

@@ -1,0 +1,52 @@
+"""The public surface and the installed layout (DESIGN §2)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import caravanserai
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_all_is_sorted_and_exported():
+    names = [n for n in caravanserai.__all__ if n != "__version__"]
+    assert names == sorted(names)
+    for name in caravanserai.__all__:
+        assert hasattr(caravanserai, name), name
+
+
+def test_every_error_has_a_distinct_stable_code():
+    from caravanserai import errors
+
+    classes = [getattr(errors, n) for n in errors.__all__]
+    codes = [c.code for c in classes]
+    assert len(set(codes)) == len(codes)
+    assert all(issubclass(c, caravanserai.CaravanseraiError) for c in classes)
+
+
+def test_core_import_does_not_pull_notebook_libraries():
+    code = "import sys, caravanserai, caravanserai.cli; print(sorted(m for m in ('IPython','ipywidgets','anywidget','pandas','matplotlib') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_wheel_installs_only_the_caravanserai_package(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(REPO)],
+                   check=True, capture_output=True)
+    wheel = next(tmp_path.glob("caravanserai-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert top == {"caravanserai"}
+    assert "caravanserai/ipython_ext/__init__.py" in names and "caravanserai/widgets/__init__.py" in names
+    assert "caravanserai/__main__.py" in names and "caravanserai/testing/conformance.py" in names
+
+
+def test_load_ipython_extension_is_importable_lazily():
+    assert callable(caravanserai.load_ipython_extension)
+    import caravanserai.ipython_ext as ext
+
+    assert callable(ext.load_ipython_extension)
