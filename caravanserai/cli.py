@@ -134,14 +134,15 @@ def cmd_resume(args: argparse.Namespace) -> int:
             f"run {run_id!r} already completed at {events[-1]['at']}; nothing to resume (use --force to run it again)",
             run_id=run_id,
         )
-    started = events[0]
-    command = started.get("orig_argv") or started.get("command")
-    if not command:
+    launches = [e for e in events if e["type"] in ("run_started", "attempt") and (e.get("orig_argv") or e.get("command"))]
+    if not launches:
         raise ResumeError(
-            f"run {run_id!r} has no recorded command (written by {started.get('imported_from') or 'an old version'}); "
+            f"run {run_id!r} has no recorded command (written by {events[0].get('imported_from') or 'an old version'}); "
             "re-run the script that created it",
             run_id=run_id,
         )
+    started = launches[0]  # the first recorded launch (a 0.1.x run gets one when we first write it)
+    command = started.get("orig_argv") or started.get("command")
     cwd = started.get("cwd")
     if cwd is not None and not os.path.isdir(cwd):
         raise ResumeError(f"run {run_id!r} was launched in {cwd!r}, which no longer exists; re-run it by hand", run_id=run_id)
@@ -150,7 +151,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
         env[ENV_VAR] = store.url  # the child must find this same store
     where = f" (in {cwd})" if cwd else ""
     print(f"resuming: {shlex.join(command)}{where}", flush=True)
-    return subprocess.call(command, cwd=cwd, env=env)
+    try:
+        return subprocess.call(command, cwd=cwd, env=env)
+    except OSError as exc:
+        raise ResumeError(
+            f"cannot run {command[0]!r} recorded for run {run_id!r}: {exc.strerror or exc}; re-run the script by hand",
+            run_id=run_id,
+        ) from None
 
 
 def cmd_clean(args: argparse.Namespace) -> int:

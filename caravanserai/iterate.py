@@ -92,13 +92,18 @@ def _iterate(items, run_id, note, limits, key, show_progress, store) -> Iterator
     in_scope = current_run() is run
     loop = run.next_iterate_loop() if in_scope else 0
     done = list(run.progress.get(loop, ()))
-    legacy = run.legacy_offset if loop == 0 and not done else None
+    # Items before `base` were done by 0.2.0 ({"_i": k} state): no fingerprints to check them by.
+    legacy_view = loop == 0 and run.legacy_offset is not None
+    if loop in run.progress_done:
+        offset = run.progress_done[loop]
+        base = offset - len(done)
+    else:
+        base = offset = run.legacy_offset if legacy_view else 0
     total = len(items) if hasattr(items, "__len__") else None
     by_identity = key is not None or isinstance(items, (set, frozenset))
-    offset = legacy if legacy is not None else len(done)
     if not by_identity and total is not None and total < offset:
         raise _shrunk(run_id, total, offset)
-    commit = _Committer(run, loop, note, limits, total)
+    commit = _Committer(run, loop, note, limits, total, offset, legacy_view)
     line = ProgressLine(run_id, total, resumed_at=offset) if show_progress else None
     position = -1
     try:
@@ -115,7 +120,7 @@ def _iterate(items, run_id, note, limits, key, show_progress, store) -> Iterator
         else:
             for position, item in enumerate(items):
                 if position < offset:
-                    if legacy is None and fingerprint(item) != done[position]:
+                    if position >= base and fingerprint(item) != done[position - base]:
                         raise _changed(run_id, position, item)
                     continue
                 yield item
@@ -128,6 +133,7 @@ def _iterate(items, run_id, note, limits, key, show_progress, store) -> Iterator
         run.append({"type": "iterate_done", "loop": loop, "count": position + 1})
         if not in_scope:
             run.complete()
+            run.close()  # the loop was the whole run: let other processes have it
     finally:
         commit.flush()  # on break/exception: items finished before the current one
         if line:
@@ -137,13 +143,15 @@ def _iterate(items, run_id, note, limits, key, show_progress, store) -> Iterator
 class _Committer:
     """Buffers done-item fingerprints and appends them as `progress` events per the group policy."""
 
-    def __init__(self, run: Run, loop: int, note: Callable[[Any], str] | None, limits: tuple[int, float | None], total: int | None) -> None:
+    def __init__(self, run: Run, loop: int, note: Callable[[Any], str] | None, limits: tuple[int, float | None],
+                 total: int | None, position: int, legacy_view: bool) -> None:
         self.run, self.loop, self.note, self.total = run, loop, note, total
         self.max_items, self.max_seconds = limits
         self.pending: list[str] = []
         self.last_note = ""
         self.count = 0
-        self.position = len(run.progress.get(loop, ())) or (run.legacy_offset or 0)
+        self.position = position
+        self.legacy_view = legacy_view
         self.since = time.monotonic()
 
     def done(self, mark: str, item: Any) -> None:
@@ -163,7 +171,11 @@ class _Committer:
         if not self.pending:
             return
         marks, self.pending = self.pending, []
-        self.run.append({"type": "progress", "loop": self.loop, "done": self.position, "items": marks, "note": self.last_note})
+        events = [{"type": "progress", "loop": self.loop, "done": self.position, "items": marks, "note": self.last_note}]
+        with self.run._lock:
+            if self.legacy_view:  # a run started by 0.2.0: keep its {"_i": k} view current for 0.2.0 readers
+                events.append(self.run.waypoint_event({"_i": self.position}, self.last_note))
+            self.run.append(*events)
         self.since = time.monotonic()
 
 

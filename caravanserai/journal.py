@@ -26,9 +26,12 @@ def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="microseconds")
 
 
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
 def dumps(value: Any) -> str:
     """Compact, strict (no NaN) JSON text: the one encoding used for journal lines."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return _ENCODER.encode(value)
 
 
 def line_digest(line: str) -> str:
@@ -46,12 +49,21 @@ class RawJSON:
 
 
 def _dumps_record(record: dict[str, Any]) -> str:
-    if not any(isinstance(value, RawJSON) for value in record.values()):
+    raw = [key for key, value in record.items() if isinstance(value, RawJSON)]
+    if not raw:
         return dumps(record)
-    parts = [
-        f"{dumps(key)}:{value.text if isinstance(value, RawJSON) else dumps(value)}" for key, value in record.items()
-    ]
-    return "{" + ",".join(parts) + "}"
+    # Encode the small fields once, then splice the pre-encoded ones in before `prev`.
+    rest = {k: v for k, v in record.items() if k not in raw and k != "prev"}
+    spliced = "".join(f",{dumps(key)}:{record[key].text}" for key in raw)
+    tail = f',"prev":{dumps(record["prev"])}' if "prev" in record else ""
+    return dumps(rest)[:-1] + spliced + tail + "}"
+
+
+def plain(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with every ``RawJSON`` value replaced by the value it encodes."""
+    if not any(isinstance(v, RawJSON) for v in record.values()):
+        return record
+    return {k: (v.value if isinstance(v, RawJSON) else v) for k, v in record.items()}
 
 
 @dataclass
@@ -64,6 +76,9 @@ class Tail:
 
 def encode(events: Iterable[Mapping[str, Any]], tail: Tail, *, at: str | None = None) -> tuple[list[str], list[dict], Tail]:
     """Number, timestamp and chain ``events`` after ``tail``; return (lines, full events, new tail).
+
+    Full events keep ``RawJSON`` values as given (``plain()`` unwraps them), so a consumer that
+    wants the encoded text (the state.json view of a large state) need not encode again.
 
     ``tail`` is not modified: the caller adopts the new tail only once the store acknowledged
     the append, so a failed append leaves the writer where it was.
@@ -84,7 +99,7 @@ def encode(events: Iterable[Mapping[str, Any]], tail: Tail, *, at: str | None = 
             record["prev"] = prev
         line = _dumps_record(record)
         lines.append(line)
-        full.append({k: (v.value if isinstance(v, RawJSON) else v) for k, v in record.items()})
+        full.append(record)
         prev = line_digest(line)
         seq += 1
     return lines, full, Tail(seq, prev)

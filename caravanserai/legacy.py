@@ -15,6 +15,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from .journal import RawJSON
+
 WAYPOINT_FILE = re.compile(r"waypoint-(\d+)\.md")
 HEADER = re.compile(r"# Waypoint (\d+) (?:-|\u2014) (\S+)")
 EPOCH = "1970-01-01T00:00:00.000000+00:00"
@@ -52,13 +54,18 @@ def read_legacy_run(run_dir: Path, run_id: str) -> list[dict[str, Any]]:
         note, at, _ = notes[n]
         event: dict[str, Any] = {"type": "waypoint", "at": at, "n": n, "note": note, "imported": True}
         if n == last and has_state:
-            event["state"] = state
+            event["state"] = _verbatim(state)
         events.append(event)
     if last not in notes and last > 0:
         # state.json and `latest` without the matching note file: keep the state, say so.
         events.append({"type": "waypoint", "at": started_at, "n": last, "imported": True,
-                       "note": f"(waypoint-{last}.md is missing)", "state": state})
+                       "note": f"(waypoint-{last}.md is missing)", "state": _verbatim(state)})
     return events
+
+
+def _verbatim(state: Any) -> RawJSON:
+    # 0.2.0 wrote NaN/Infinity as bare tokens; keep them as written so they read back the same.
+    return RawJSON(json.dumps(state, ensure_ascii=False, separators=(",", ":")), state)
 
 
 def _read_latest(run_dir: Path) -> int | None:

@@ -74,7 +74,8 @@ class Run:
         self._waypoint_count = 0
         self._completed: dict | None = None
         self._completed_now = False
-        self.progress: dict[int, list[str]] = {}
+        self.progress: dict[int, list[str]] = {}  # loop -> fingerprints of done items, in order
+        self.progress_done: dict[int, int] = {}  # loop -> items done, counting any imported from 0.2.0
         self.legacy_offset: int | None = None
         for event in events:
             self._index(event)
@@ -114,24 +115,30 @@ class Run:
             if self._closed:
                 raise CaravanseraiError(f"run {self.run_id!r} is closed; open it again with durable()", run_id=self.run_id)
             pending = [*self._header, *events]
-            lines, stored, tail = journal.encode(pending, self._tail)
+            lines, encoded, tail = journal.encode(pending, self._tail)
             self._lease.renew()
             self.store.append(self.run_id, lines, lease=self._lease, seq=self._tail.seq)
             self._tail = tail
             self._header = []
             self._started = True
+            stored = [journal.plain(e) for e in encoded]
             for event in stored:
                 self._index(event)
-        self.store.committed(self.run_id, stored)
+            self.store.committed(self.run_id, encoded)  # in order: views never go backwards
         return stored[len(pending) - len(events):]
 
     def checkpoint(self, state: Any, note: Any = "") -> int:
         """Commit ``state`` and ``note`` together as the next waypoint; returns its number."""
         text = to_json(state)
         with self._lock:
-            n = (self._last_waypoint["n"] if self._last_waypoint else 0) + 1
-            self.append({"type": "waypoint", "n": n, "note": str(note), "state": journal.RawJSON(text, state)})
-            return n
+            event = self.waypoint_event(journal.RawJSON(text, state), note)
+            self.append(event)
+            return event["n"]
+
+    def waypoint_event(self, state: Any, note: Any) -> dict:
+        """The next waypoint's event (not yet appended); call with the run's lock held."""
+        n = (self._last_waypoint["n"] if self._last_waypoint else 0) + 1
+        return {"type": "waypoint", "n": n, "note": str(note), "state": state}
 
     def complete(self, result: Any = None) -> None:
         """Record that the run finished (``result`` kept if it is JSON); once per attempt."""
@@ -182,7 +189,9 @@ class Run:
                 if isinstance(state, dict) and set(state) == {"_i"} and isinstance(state["_i"], int):
                     self.legacy_offset = state["_i"]  # 0.2.0's resumable_iterate progress
         elif etype == "progress":
-            self.progress.setdefault(event.get("loop", 0), []).extend(event.get("items", ()))
+            loop = event.get("loop", 0)
+            self.progress.setdefault(loop, []).extend(event.get("items", ()))
+            self.progress_done[loop] = event.get("done", len(self.progress[loop]))
         elif etype == "run_completed":
             self._completed = event
         elif etype in ("attempt", "run_failed"):

@@ -26,18 +26,25 @@ def to_json(state: Any, *, what: str = "state") -> str:
     return text
 
 
-def _has_non_str_key(value: Any, depth: int = 0) -> bool:
-    # Only dict keys can be silently changed by json.dumps; walk dicts and lists (cheap for typical states).
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                return True
-            if isinstance(item, (dict, list, tuple)) and _has_non_str_key(item, depth + 1):
-                return True
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            if isinstance(item, (dict, list, tuple)) and _has_non_str_key(item, depth + 1):
-                return True
+_CONTAINERS = (dict, list, tuple)
+
+
+def _has_non_str_key(value: Any) -> bool:
+    # json.dumps silently turns {1: "a"} into {"1": "a"}; find such keys (iteratively: cheap per MB).
+    stack = [value]
+    pop, push = stack.pop, stack.append
+    while stack:
+        node = pop()
+        if isinstance(node, dict):
+            for key, item in node.items():
+                if not isinstance(key, str):
+                    return True
+                if isinstance(item, _CONTAINERS):
+                    push(item)
+        elif isinstance(node, _CONTAINERS):
+            for item in node:
+                if isinstance(item, _CONTAINERS):
+                    push(item)
     return False
 
 

@@ -11,6 +11,8 @@ import json
 from datetime import datetime
 from typing import Any
 
+from .journal import RawJSON
+
 # Above this size state.json is written compactly, reusing the journal's encoding, so a large
 # state is not pretty-printed again on every checkpoint.
 PRETTY_STATE_LIMIT = 256 * 1024
@@ -22,10 +24,13 @@ def waypoint_markdown(n: int, at: str, note: str) -> str:
     return f"# Waypoint {n} - {stamp}\n\n{note}\n"
 
 
-def state_text(state: Any, compact: str | None = None) -> str:
-    """``state.json`` as 0.2.0 wrote it (``json.dumps(state, indent=2)``), compact when large."""
-    if compact is not None and len(compact) > PRETTY_STATE_LIMIT:
-        return compact
+def state_text(state: Any) -> str:
+    """``state.json`` as 0.2.0 wrote it (``json.dumps(state, indent=2)``); a large state already
+    encoded (``RawJSON``) is written as that compact text instead of being encoded again."""
+    if isinstance(state, RawJSON):
+        if len(state.text) > PRETTY_STATE_LIMIT:
+            return state.text
+        state = state.value
     return json.dumps(state, indent=2)
 
 

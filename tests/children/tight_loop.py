@@ -15,9 +15,9 @@ from caravanserai import checkpoint, load_latest
 
 
 def pad(i: int) -> str:
-    """Deterministic filler of varying size (0 B .. ~14 KiB), so kills also land inside big writes."""
-    size = (i * 7919) % 61
-    size = size * size * 4  # quadratic: mostly small, sometimes over 10 KiB
+    """Deterministic filler of varying size (0 B .. ~12 KiB), so kills also land inside big writes."""
+    r = (i * 7919) % 61
+    size = r * r * 4 if r % 8 == 0 else r * 8  # mostly under 500 B, one in ~8 up to 12 KiB
     unit = f"{i}:caravan-ø-日本|"
     return (unit * (size // len(unit) + 1))[:size]
 
