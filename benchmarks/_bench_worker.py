@@ -92,14 +92,14 @@ def big_state(step: int) -> dict:
 def drain_views() -> float | None:
     """Ours renders 0.2.0-style view files on a background thread; time waiting for it (ours only)."""
     try:
-        from caravanserai.stores import local  # type: ignore
+        from caravanserai import open_store  # type: ignore
     except Exception:
         return None
-    renderer = getattr(local, "_RENDERER", None)
-    if renderer is None:
+    store = open_store()
+    if not hasattr(store, "flush_views"):
         return None
     t0 = time.perf_counter()
-    renderer.flush(None, 300)
+    store.flush_views()
     return time.perf_counter() - t0
 
 

@@ -32,18 +32,21 @@ _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)\s*")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
 
-def fingerprint(item: Any) -> str:
-    """A short digest of an item that is stable across processes (JSON, else its repr)."""
-    try:
-        text = json.dumps(item, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=_stable_repr)
-    except (TypeError, ValueError):
-        text = _stable_repr(item)
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-
-
 def _stable_repr(item: Any) -> str:
     text = repr(item)
     return type(item).__qualname__ if " at 0x" in text else text  # default reprs hold addresses
+
+
+_CANONICAL = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=_stable_repr)
+
+
+def fingerprint(item: Any) -> str:
+    """A short digest of an item that is stable across processes (JSON, else its repr)."""
+    try:
+        text = _CANONICAL.encode(item)
+    except (TypeError, ValueError):
+        text = _stable_repr(item)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def _parse_every(every: int | str | timedelta | None) -> tuple[int, float | None]:

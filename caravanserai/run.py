@@ -129,9 +129,9 @@ class Run:
 
     def checkpoint(self, state: Any, note: Any = "") -> int:
         """Commit ``state`` and ``note`` together as the next waypoint; returns its number."""
-        text = to_json(state)
+        encoded = state if isinstance(state, journal.RawJSON) else journal.RawJSON(to_json(state), state)
         with self._lock:
-            event = self.waypoint_event(journal.RawJSON(text, state), note)
+            event = self.waypoint_event(encoded, note)
             self.append(event)
             return event["n"]
 

@@ -12,6 +12,7 @@ import functools
 from typing import Any, Callable, TypeVar
 
 from .errors import InvalidRunId
+from .journal import RawJSON
 from .ids import validate_run_id
 from .run import _REGISTRY, Waypoint, durable, open_run, read_events
 from .serialization import to_json
@@ -40,8 +41,8 @@ def checkpoint(run_id: str, state: Any, note: Any, *, store: Store | str | None 
     state. Non-JSON state raises SerializationError and writes nothing.
     """
     validate_run_id(run_id)
-    to_json(state)  # fail before the store is touched: no empty run directory
-    return open_run(run_id, store).checkpoint(state, note)
+    encoded = RawJSON(to_json(state), state)  # fail before the store is touched: no empty run directory
+    return open_run(run_id, store).checkpoint(encoded, note)
 
 
 def _events(run_id: str, store: Store | str | None) -> tuple[str, Store, list[dict]]:

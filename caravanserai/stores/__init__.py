@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import importlib
 import os
-from pathlib import Path
 from typing import Callable, Union
 
 from ..errors import MissingExtra, UnknownStoreScheme
@@ -56,7 +55,7 @@ def register_scheme(scheme: str, module: str, class_name: str, extra: str | None
 
 def default_store_url() -> str:
     """``$CARAVANSERAI_STORE`` or ``./.caravanserai`` resolved against the current directory now."""
-    return os.environ.get(ENV_VAR) or str(Path(DEFAULT_STORE).absolute())
+    return os.environ.get(ENV_VAR) or os.path.join(os.getcwd(), DEFAULT_STORE)
 
 
 _OPEN: dict[str, Store] = {}
@@ -71,13 +70,16 @@ def open_store(url: StoreLike = None) -> Store:
         return url
     if url is None:
         url = default_store_url()
+    cached = _OPEN.get(url)  # fast path: checkpoint() in a loop resolves the same store each call
+    if cached is not None:
+        return cached
     if isinstance(url, os.PathLike):
         url = os.fspath(url)
     if not isinstance(url, str) or not url:
         raise UnknownStoreScheme(f"store must be a URL, a path or a Store, got {url!r}", url=repr(url))
     scheme = url.split("://", 1)[0].lower() if "://" in url else "file"
     if scheme == "file" and "://" not in url:
-        url = str(Path(url).expanduser().absolute())
+        url = os.path.abspath(os.path.expanduser(url))
     cached = _OPEN.get(url)
     if cached is not None:
         return cached

@@ -18,184 +18,27 @@ file systems, so their journals never mix.
 
 from __future__ import annotations
 
-import atexit
 import errno
 import fcntl
 import hashlib
 import json
 import os
 import shutil
-import threading
-import uuid
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
-from .. import journal, views
-from ..errors import ObjectNotFound, RunLocked, StoreUnavailable
+from .. import journal
+from ..errors import RunLocked, StoreUnavailable
 from ..ids import RUN_ID_PATTERN, is_legacy_readable
 from ..legacy import is_legacy_dir, read_legacy_run
 from .base import Lease, ObjectStore, Store, describe_holder, holder_info
+from .files import complete_lines, fsync_dir, make_dirs, valid_length, write_all, write_file_atomic
+from .local_views import RENDERER, is_stale, reconcile, views_lock
 
 JOURNAL = "journal.jsonl"
 LOCK = "lock"
 OBJECTS = ".objects"
-
-
-# ---- small durable-file helpers -------------------------------------------------------------
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def make_dirs(path: Path) -> None:
-    """Create ``path`` and missing parents with mode 0o700, fsyncing each new entry's parent."""
-    missing = []
-    probe = path
-    while not probe.exists():
-        missing.append(probe)
-        probe = probe.parent
-    for directory in reversed(missing):
-        try:
-            os.mkdir(directory, 0o700)
-        except FileExistsError:
-            continue
-        fsync_dir(directory.parent)
-
-
-def write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def write_file_atomic(path: Path, data: bytes, *, durable: bool = True, exclusive: bool = False) -> bool:
-    """Write via a unique temp file then rename (or link, if ``exclusive``): readers never see a part.
-
-    Returns False when ``exclusive`` and the file already existed (nothing changed).
-    """
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        try:
-            write_all(fd, data)
-            if durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        if exclusive:
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                return False
-        else:
-            os.replace(tmp, path)
-    finally:
-        if exclusive or tmp.exists():
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-    if durable:
-        fsync_dir(path.parent)
-    return True
-
-
-def complete_lines(data: bytes) -> list[str]:
-    """Lines ending in a newline; a torn last line (no newline, or NUL fill after a crash) is left out."""
-    end = data.rfind(b"\n") + 1
-    body = data[:end].rstrip(b"\x00\n")
-    if not body:
-        return []
-    return body.decode("utf-8", errors="replace").split("\n")
-
-
-def valid_length(data: bytes) -> int:
-    body = data[: data.rfind(b"\n") + 1]
-    stripped = body.rstrip(b"\x00\n")
-    return len(stripped) + 1 if stripped else 0
-
-
-# ---- view rendering, off the checkpoint's critical path -------------------------------------
-class _ViewRenderer:
-    """One daemon thread per process rendering views; pending events per run are coalesced."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._pending: dict[Path, list[dict]] = {}
-        self._busy: set[Path] = set()
-        self._thread: threading.Thread | None = None
-
-    def submit(self, run_dir: Path, events: Iterable[dict]) -> None:
-        with self._cond:
-            self._pending.setdefault(run_dir, []).extend(events)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name="caravanserai-views", daemon=True)
-                self._thread.start()
-            self._cond.notify_all()
-
-    def flush(self, run_dir: Path | None = None, timeout: float | None = 30.0) -> None:
-        def done() -> bool:
-            if run_dir is None:
-                return not self._pending and not self._busy
-            return run_dir not in self._pending and run_dir not in self._busy
-
-        with self._cond:
-            self._cond.wait_for(done, timeout)
-
-    def discard(self, run_dir: Path) -> None:
-        with self._cond:
-            self._pending.pop(run_dir, None)
-            self._cond.wait_for(lambda: run_dir not in self._busy, 30.0)
-
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: any(d not in self._busy for d in self._pending))
-                run_dir = next(d for d in self._pending if d not in self._busy)
-                events = self._pending.pop(run_dir)
-                self._busy.add(run_dir)
-            try:
-                render_views(run_dir, events)
-            except OSError:
-                pass  # views are a convenience; the journal already holds the truth
-            finally:
-                with self._cond:
-                    self._busy.discard(run_dir)
-                    self._cond.notify_all()
-
-    def reset_after_fork(self) -> None:
-        self.__init__()
-
-
-_RENDERER = _ViewRenderer()
-atexit.register(_RENDERER.flush)
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_RENDERER.reset_after_fork)
-
-
-def render_views(run_dir: Path, events: Sequence[dict]) -> None:
-    """Write the 0.2.0 views for ``events`` (each file atomically; nothing fsynced: they are views)."""
-    if not run_dir.is_dir():
-        return
-    last = None
-    for event in events:
-        etype = event.get("type")
-        if etype == "run_started" and not event.get("imported_from"):
-            meta = run_dir / "meta.json"
-            if not meta.exists():
-                write_file_atomic(meta, views.meta_text(event).encode(), durable=False)
-        elif etype == "waypoint":
-            path = run_dir / f"waypoint-{event['n']}.md"
-            if not (event.get("imported") and path.exists()):
-                write_file_atomic(path, views.waypoint_markdown(event["n"], event["at"], event.get("note", "")).encode(), durable=False)
-            if "state" in event:
-                last = event
-    if last is not None:
-        write_file_atomic(run_dir / "state.json", views.state_text(last["state"]).encode(), durable=False)
-        write_file_atomic(run_dir / "latest", str(last["n"]).encode(), durable=False)
+HOLDER_BYTES = 512
 
 
 # ---- the object face ------------------------------------------------------------------------
@@ -266,7 +109,7 @@ class LocalLease(Lease):
         self.next_seq = 0
 
     def _release(self) -> None:
-        _RENDERER.flush(self.run_dir)
+        RENDERER.flush(self.run_dir)
         if self.journal_fd is not None:
             os.close(self.journal_fd)
             self.journal_fd = None
@@ -354,11 +197,12 @@ class LocalStore(Store):
         try:
             previous = _read_holder(lock_fd) or {}
             holder = holder_info(int(previous.get("token", 0)) + 1)
-            text = json.dumps(holder).encode()
-            os.ftruncate(lock_fd, 0)
-            os.pwrite(lock_fd, text, 0)
+            # One fixed-size write: a kill cannot leave the holder record empty.
+            os.pwrite(lock_fd, json.dumps(holder).encode().ljust(HOLDER_BYTES), 0)
             lease = LocalLease(self, run_id, holder["token"], holder, lock_fd, run_dir)
             self._open_journal(lease)
+            if self.views:  # finish views a killed writer left behind, off this thread
+                RENDERER.submit(run_dir, reconcile_from=lambda: journal.decode(run_id, self.load(run_id))[0])
         except BaseException:
             fcntl.flock(lock_fd, fcntl.LOCK_UN)
             os.close(lock_fd)
@@ -409,14 +253,14 @@ class LocalStore(Store):
 
     def committed(self, run_id: str, events: Sequence[dict]) -> None:
         if self.views:
-            _RENDERER.submit(self.run_dir(run_id), events)
+            RENDERER.submit(self.run_dir(run_id), events)
 
     def flush_views(self) -> None:
         """Wait until views of this process's appends are written (tests, before reading files)."""
-        _RENDERER.flush()
+        RENDERER.flush()
 
     def refresh_views(self, run_id: str, events: Sequence[dict] | None = None) -> None:
-        """Re-render stale views (after a kill) unless a live writer holds the run."""
+        """Complete stale views (after a kill) under ``views.lock``, re-reading the journal there."""
         if not self.views:
             return
         run_dir = self.run_dir(run_id)
@@ -424,33 +268,13 @@ class LocalStore(Store):
             return
         if events is None:
             events = journal.decode(run_id, self.load(run_id))[0]
-        waypoints = [e for e in events if e["type"] == "waypoint" and "state" in e]
-        try:
-            current = (run_dir / "latest").read_text(encoding="utf-8").strip()
-        except OSError:
-            current = None
-        if waypoints and current == str(waypoints[-1]["n"]) and all(
-            (run_dir / f"waypoint-{e['n']}.md").exists() for e in waypoints[-3:]
-        ):
+        if not is_stale(run_dir, events):
             return
         try:
-            lock_fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+            with views_lock(run_dir):
+                reconcile(run_dir, journal.decode(run_id, self.load(run_id))[0])
         except OSError:
-            return
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(lock_fd)
-            return
-        try:
-            missing = [e for e in events if e["type"] != "waypoint" or not (run_dir / f"waypoint-{e['n']}.md").exists()]
-            tail = [e for e in events if e["type"] == "waypoint" and "state" in e][-1:]
-            render_views(run_dir, missing + tail)
-        except OSError:
-            pass
-        finally:
-            fcntl.flock(lock_fd, fcntl.LOCK_UN)
-            os.close(lock_fd)
+            pass  # read-only media or permissions: the journal is still readable
 
     def list(self) -> list[str]:
         try:
@@ -488,7 +312,7 @@ class LocalStore(Store):
                     f"run {run_id!r} is being written by {describe_holder(holder)}; stop it before cleaning",
                     run_id=run_id, holder=holder,
                 ) from None
-            _RENDERER.discard(run_dir)
+            RENDERER.discard(run_dir)
             shutil.rmtree(run_dir)
             fsync_dir(self.root)
         finally:
@@ -528,4 +352,4 @@ def _journal_run_id(run_dir: Path) -> str | None:
     return first.get("run_id") if isinstance(first, dict) else None
 
 
-__all__ = ["LocalDirectoryStore", "LocalStore", "ObjectNotFound"]
+__all__ = ["LocalDirectoryStore", "LocalStore"]
