@@ -8,28 +8,58 @@ journal and waypoint notes a person can read (``caravanserai show RUN``).
 from __future__ import annotations
 
 from ._version import __version__
+from .agents import Agent, DiskDurableStore, Durable, RunResult, Tool, agent, run, tool
+from .calls import current_idempotency_key, settle
 from .errors import (
+    AgentMismatch,
+    BudgetChanged,
+    BudgetExceeded,
     CaravanseraiError,
+    ConversationMismatch,
+    DefinitionChanged,
+    DurableOptionConflict,
+    IdentityMismatch,
+    InputMismatch,
     InvalidRunId,
     ItemsChanged,
     JournalCorruptionError,
     LeaseLost,
     MissingExtra,
+    ModelError,
+    ModelNotConfigured,
     ObjectNotFound,
     ResumeError,
     RunLocked,
     RunNotFound,
     SerializationError,
+    SessionMismatch,
     StoreUnavailable,
+    ToolEffectUncertain,
     UnknownStoreScheme,
 )
 from .iterate import resumable_iterate
-from .run import Run, Waypoint, current_run, durable
+from .ledger import Budget, Receipt
+from .models import Model, ModelResponse, OpenAICompatibleModel, auto
+from .openai_client import durable_client
+from .runs import Run, Waypoint, current_run, durable
 from .stores import LocalDirectoryStore, LocalStore, MemoryStore, ObjectStore, Store, open_store
+from .summary import input_is_replayable, run_summary
 from .waypoints import checkpoint, clean, complete, history, last_updated, load_command, load_latest, resumable
 
 __all__ = [
+    "Agent",
+    "AgentMismatch",
+    "Budget",
+    "BudgetChanged",
+    "BudgetExceeded",
     "CaravanseraiError",
+    "ConversationMismatch",
+    "DefinitionChanged",
+    "DiskDurableStore",
+    "Durable",
+    "DurableOptionConflict",
+    "IdentityMismatch",
+    "InputMismatch",
     "InvalidRunId",
     "ItemsChanged",
     "JournalCorruptionError",
@@ -38,24 +68,38 @@ __all__ = [
     "LocalStore",
     "MemoryStore",
     "MissingExtra",
+    "Model",
+    "ModelError",
+    "ModelNotConfigured",
+    "ModelResponse",
     "ObjectNotFound",
     "ObjectStore",
+    "OpenAICompatibleModel",
+    "Receipt",
     "ResumeError",
     "Run",
     "RunLocked",
     "RunNotFound",
+    "RunResult",
     "SerializationError",
+    "SessionMismatch",
     "Store",
     "StoreUnavailable",
+    "Tool",
+    "ToolEffectUncertain",
     "UnknownStoreScheme",
     "Waypoint",
-    "__version__",
+    "agent",
+    "auto",
     "checkpoint",
     "clean",
     "complete",
+    "current_idempotency_key",
     "current_run",
     "durable",
+    "durable_client",
     "history",
+    "input_is_replayable",
     "last_updated",
     "load_command",
     "load_ipython_extension",
@@ -63,7 +107,12 @@ __all__ = [
     "open_store",
     "resumable",
     "resumable_iterate",
+    "run",
+    "run_summary",
+    "settle",
+    "tool",
     "unload_ipython_extension",
+    "__version__",
 ]
 
 

@@ -18,7 +18,10 @@ from typing import Any, Sequence
 
 from ._version import __version__
 from .errors import CaravanseraiError, ResumeError, RunNotFound
-from .run import read_events, require_events
+from .calls import settle
+from .ledger import Ledger
+from .runs import read_events, require_events
+from .summary import run_summary
 from .stores import ENV_VAR, open_store
 from .waypoints import clean, readable_run_id
 
@@ -29,14 +32,7 @@ def summarize(run_id: str, events: Sequence[dict]) -> dict[str, Any]:
     """What a person wants to know about a run, from its events alone."""
     waypoints = [e for e in events if e["type"] == "waypoint"]
     last = next((e for e in reversed(waypoints) if "state" in e), None)
-    status = "pending"
-    for event in events:
-        if event["type"] == "run_completed":
-            status = "completed"
-        elif event["type"] == "run_failed":
-            status = "failed"
-        elif event["type"] == "attempt":
-            status = "pending"
+    status = run_summary(events)["status"]
     progress: dict[int, int] = {}
     for event in events:
         if event["type"] == "progress":
@@ -55,6 +51,8 @@ def summarize(run_id: str, events: Sequence[dict]) -> dict[str, Any]:
         "cwd": started.get("cwd"),
         "imported_from": started.get("imported_from"),
         "events": len(events),
+        "receipt": Ledger(run_id, events, max(1, sum(1 for e in events if e["type"] in ("run_started", "attempt")))).receipt().to_dict(),
+        "summary": run_summary(events),
     }
 
 
@@ -116,8 +114,53 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(_format_waypoint(next(e for e in reversed(waypoints) if "state" in e)))
     for loop, done in sorted(summary["items_done"].items()):
         print(f"\nitems done: {done} (resumable_iterate loop {loop})")
-    if summary["latest"] is None and not summary["items_done"]:
+    receipt = summary["receipt"]
+    if receipt["calls"] or summary["summary"].get("agent_id"):
+        print(_format_run(summary))
+    elif summary["latest"] is None and not summary["items_done"]:
         print(f"run {run_id!r} has no waypoints yet")
+    return 0
+
+
+def _format_run(summary: dict) -> str:
+    """Status, result and receipt of a run that made journaled calls (after the 0.2.0 block)."""
+    status, receipt = summary["summary"], summary["receipt"]
+    lines = [f"\nstatus: {status['status']} (attempt{'s' if status.get('attempts', 1) != 1 else ''}: {status.get('attempts')})"]
+    if status["status"] == "completed" and status.get("result") is not None:
+        lines.append(f"result: {json.dumps(status['result'], ensure_ascii=False)}")
+    if status["status"] == "failed":
+        lines.append(f"failed: {status.get('code')}: {status.get('message')}")
+    usd = f"${receipt['estimated_usd']:.6f}" + (" + unpriced calls" if receipt["unpriced"] else "")
+    lines.append(f"receipt: {len(receipt['calls'])} call(s), {receipt['tokens']} tokens, {usd} ({receipt['label']})")
+    return "\n".join(lines)
+
+
+def cmd_journal(args: argparse.Namespace) -> int:
+    store = open_store(args.store)
+    run_id = readable_run_id(args.run_id, store)
+    events = require_events(run_id, store)
+    if args.json:
+        for event in events:
+            print(json.dumps(event, ensure_ascii=False))
+        return 0
+    for event in events:
+        detail = {k: v for k, v in event.items() if k not in ("v", "seq", "at", "type", "prev")}
+        text = json.dumps(detail, ensure_ascii=False)
+        print(f"{event['seq']:>5}  {event['at']}  {event['type']:<14} {text if len(text) <= 120 else text[:117] + '...'}")
+    return 0
+
+
+def cmd_settle(args: argparse.Namespace) -> int:
+    if (args.result is None) == (args.error is None):
+        raise ResumeError("give exactly one of --result JSON or --error TEXT")
+    result = None
+    if args.result is not None:
+        try:
+            result = json.loads(args.result)
+        except ValueError:
+            raise ResumeError(f"--result must be JSON (quote a string as '\"text\"'), got {args.result!r}") from None
+    settle(args.run_id, args.call_id, result, error=args.error, store=open_store(args.store))
+    print(f"settled {args.call_id} of run {args.run_id!r}; run it again to continue")
     return 0
 
 
@@ -188,6 +231,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_id")
     p.add_argument("--force", action="store_true", help="run it even if it already completed")
     p.set_defaults(func=cmd_resume)
+    p = sub.add_parser("journal", parents=[common], help="the run's journal events, one per line")
+    p.add_argument("run_id")
+    p.add_argument("--json", action="store_true", help="the events as JSON lines")
+    p.set_defaults(func=cmd_journal)
+    p = sub.add_parser("settle", parents=[common], help="record by hand the outcome of an uncertain tool call")
+    p.add_argument("run_id")
+    p.add_argument("call_id")
+    p.add_argument("--result", metavar="JSON", help="what the tool returned (JSON)")
+    p.add_argument("--error", metavar="TEXT", help="the tool failed with this message")
+    p.set_defaults(func=cmd_settle)
     p = sub.add_parser("clean", parents=[common], help="delete a run's checkpoints")
     p.add_argument("run_id")
     p.set_defaults(func=cmd_clean)

@@ -14,7 +14,19 @@ The tree::
     ├── MissingExtra                  (missing_extra)         a backend needs `pip install ...`
     ├── ObjectNotFound                (object_not_found)      object face: no such key
     ├── ItemsChanged                  (items_changed)         resumable_iterate input changed
-    └── ResumeError                   (resume_error)          `caravanserai resume` cannot replay
+    ├── ResumeError                   (resume_error)          `caravanserai resume` cannot replay
+    ├── IdentityMismatch              a resume would become a different run; appends nothing
+    │   ├── DefinitionChanged         (durable_definition_changed)
+    │   ├── InputMismatch             (durable_input_mismatch)
+    │   ├── BudgetChanged             (durable_budget_changed)
+    │   ├── AgentMismatch             (durable_agent_mismatch)
+    │   ├── SessionMismatch           (durable_session_mismatch)
+    │   └── ConversationMismatch      (durable_conversation_mismatch)
+    ├── ToolEffectUncertain           (durable_tool_effect_uncertain) a write/external tool's outcome is unknown
+    ├── BudgetExceeded                (budget_exceeded)       a call would exceed the run's budget; not sent
+    ├── DurableOptionConflict         (durable_option_conflict) durable runs take budget=, not max_cost_usd=
+    ├── ModelNotConfigured            (model_not_configured)  auto() found no model in the environment
+    └── ModelError                    (model_error)           the model server failed (unreachable, status, body)
 
 Messages are one line naming the problem and the remedy. Errors carry their fields as
 attributes (``err.run_id``...), compare by ``code`` and survive pickling (they cross process
@@ -26,18 +38,30 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "AgentMismatch",
+    "BudgetChanged",
+    "BudgetExceeded",
     "CaravanseraiError",
+    "ConversationMismatch",
+    "DefinitionChanged",
+    "DurableOptionConflict",
+    "IdentityMismatch",
+    "InputMismatch",
     "InvalidRunId",
     "ItemsChanged",
     "JournalCorruptionError",
     "LeaseLost",
     "MissingExtra",
+    "ModelError",
+    "ModelNotConfigured",
     "ObjectNotFound",
     "ResumeError",
     "RunLocked",
     "RunNotFound",
     "SerializationError",
+    "SessionMismatch",
     "StoreUnavailable",
+    "ToolEffectUncertain",
     "UnknownStoreScheme",
 ]
 
@@ -127,3 +151,54 @@ class ItemsChanged(CaravanseraiError):
 
 class ResumeError(CaravanseraiError):
     code = "resume_error"
+
+
+class IdentityMismatch(CaravanseraiError):
+    code = "durable_identity_mismatch"
+
+
+class DefinitionChanged(IdentityMismatch):
+    code = "durable_definition_changed"
+
+
+class InputMismatch(IdentityMismatch):
+    code = "durable_input_mismatch"
+
+
+class BudgetChanged(IdentityMismatch):
+    code = "durable_budget_changed"
+
+
+class AgentMismatch(IdentityMismatch):
+    code = "durable_agent_mismatch"
+
+
+class SessionMismatch(IdentityMismatch):
+    code = "durable_session_mismatch"
+
+
+class ConversationMismatch(IdentityMismatch):
+    code = "durable_conversation_mismatch"
+
+
+class ToolEffectUncertain(CaravanseraiError):
+    code = "durable_tool_effect_uncertain"
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class BudgetExceeded(CaravanseraiError):
+    code = "budget_exceeded"
+
+
+class DurableOptionConflict(CaravanseraiError, ValueError):
+    code = "durable_option_conflict"
+
+
+class ModelNotConfigured(CaravanseraiError):
+    code = "model_not_configured"
+
+
+class ModelError(CaravanseraiError):
+    code = "model_error"

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 from .errors import ItemsChanged
 from .ids import validate_run_id
 from .progress import ProgressLine
-from .run import Run, current_run, open_run
+from .runs import Run, current_run, open_run
 from .stores import Store
 
 __all__ = ["fingerprint", "resumable_iterate"]

@@ -14,7 +14,7 @@ from typing import Any, Callable, TypeVar
 from .errors import InvalidRunId
 from .journal import RawJSON
 from .ids import validate_run_id
-from .run import _REGISTRY, Waypoint, durable, open_run, read_events
+from .runs import _REGISTRY, Waypoint, durable, open_run, read_events
 from .serialization import to_json
 from .stores import Store, open_store
 

@@ -23,7 +23,7 @@ from caravanserai import (
     open_store,
     resumable,
 )
-from caravanserai.run import read_events
+from caravanserai.runs import read_events
 
 BAD_IDS = ["../x", "/abs", "", "a/b", "a\nb", "x" * 129, ".hidden", "-dash", "a b", "ünï", "a\\b", None, 123, b"x"]
 

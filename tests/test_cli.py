@@ -71,7 +71,7 @@ def test_usage_errors_exit_2(project, child_env):
 def test_corrupt_journal_is_one_line(project, child_env):
     checkpoint("r", {"a": 1}, "x")
     checkpoint("r", {"a": 2}, "y")
-    caravanserai.run._REGISTRY.close_all()
+    caravanserai.runs._REGISTRY.close_all()
     path = project / ".caravanserai" / "r" / "journal.jsonl"
     path.write_text(path.read_text().replace('"a":1', '"a":9'))
     proc = cli("show", "r", cwd=project, env=child_env, check_rc=1)
@@ -80,7 +80,7 @@ def test_corrupt_journal_is_one_line(project, child_env):
 
 def test_clean(project, child_env):
     checkpoint("r", {"a": 1}, "x")
-    caravanserai.run._REGISTRY.close_all()
+    caravanserai.runs._REGISTRY.close_all()
     assert cli("clean", "r", cwd=project, env=child_env).stdout == "deleted checkpoints for 'r'\n"
     assert cli("clean", "r", cwd=project, env=child_env, check_rc=1).stderr.strip() == "caravanserai: error: no checkpoints for run 'r'"
 

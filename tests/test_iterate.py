@@ -10,7 +10,7 @@ import pytest
 
 from caravanserai import ItemsChanged, checkpoint, durable, load_latest, resumable_iterate
 from caravanserai.progress import ProgressLine
-from caravanserai.run import read_events
+from caravanserai.runs import read_events
 
 
 def _consume(iterator, stop_after=None):

@@ -36,7 +36,7 @@ import pytest
 
 import caravanserai
 from caravanserai import journal
-from caravanserai.run import read_events
+from caravanserai.runs import read_events
 
 PYTHON = sys.executable
 TESTS = Path(__file__).resolve().parent

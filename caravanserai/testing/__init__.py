@@ -1,5 +1,17 @@
-"""Test kit shipped with the package: the store conformance suite (needs pytest, Hypothesis)."""
+"""Test kit shipped with the package: ``ScriptedModel`` and the store conformance suite.
 
-from .conformance import StoreConformance, journal_machine, make_lines
+``caravanserai.testing.conformance`` needs pytest (and Hypothesis for the state machine); it is
+imported only when its names are used, so ``ScriptedModel`` works without them.
+"""
 
-__all__ = ["StoreConformance", "journal_machine", "make_lines"]
+from .scripted import ScriptedModel
+
+__all__ = ["ScriptedModel", "StoreConformance", "journal_machine", "make_lines"]
+
+
+def __getattr__(name: str):
+    if name in ("StoreConformance", "journal_machine", "make_lines"):
+        from . import conformance
+
+        return getattr(conformance, name)
+    raise AttributeError(name)

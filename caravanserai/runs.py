@@ -21,7 +21,9 @@ from typing import Any, Iterator, Sequence
 from . import journal
 from ._version import __version__
 from .errors import CaravanseraiError, RunNotFound
+from .identity import check_identity
 from .ids import validate_run_id
+from .ledger import BOUNDARIES, Ledger
 from .serialization import to_json
 from .stores import Store, open_store
 from .stores.base import Lease
@@ -80,6 +82,8 @@ class Run:
         for event in events:
             self._index(event)
         self._iterate_loops = 0
+        self.started_event: dict | None = events[0] if events else None
+        self.ledger = Ledger(run_id, events, self.attempt)
 
     # ---- reading -------------------------------------------------------------------------
     @property
@@ -124,6 +128,10 @@ class Run:
             stored = [journal.plain(e) for e in encoded]
             for event in stored:
                 self._index(event)
+                if event["type"] in BOUNDARIES:
+                    self.ledger.boundary()
+            if self.started_event is None:
+                self.started_event = stored[0]
             self.store.committed(self.run_id, encoded)  # in order: views never go backwards
         return stored[len(pending) - len(events):]
 
@@ -157,6 +165,36 @@ class Run:
         info = error.to_dict() if isinstance(error, CaravanseraiError) else {
             "code": type(error).__name__, "message": str(error)[:2000]}
         self.append({"type": "run_failed", **info})
+
+    def describe(self, **fields: Any) -> None:
+        """Add identity fields (agent, definition, input, budget...) to this run's ``run_started``.
+
+        Only before the run's first event; a resumed run's identity was fixed when it started.
+        """
+        if self._header and self._header[0]["type"] == "run_started":
+            self._header[0].update(fields)
+
+    # ---- journaled calls -------------------------------------------------------------------
+    def call_model(self, model: Any, messages: list[dict], *, path: str = "run", tools: list[dict] | None = None,
+                   **params: Any) -> Any:
+        """Ask ``model`` through the journal: replayed on resume, metered, refused over budget."""
+        from .calls import model_call
+
+        return model_call(self, model, messages, path=path, tools=tools, **params)
+
+    def call_tool(self, fn: Any, args: dict | None = None, *, name: str | None = None, effect: str | None = None,
+                  path: str = "run") -> Any:
+        """Run a tool through the journal by its declared effect (read, idempotent, write, external)."""
+        from .calls import tool_call
+
+        name = name or getattr(fn, "name", None) or fn.__name__
+        effect = effect or getattr(fn, "effect", "read")
+        target = getattr(fn, "fn", fn)
+        return tool_call(self, target, dict(args or {}), name=name, path=f"{path}/{name}", effect=effect)
+
+    def receipt(self):
+        """What this run has spent, all attempts together (a ``Receipt``)."""
+        return self.ledger.receipt()
 
     def next_iterate_loop(self) -> int:
         """Ordinal of the next ``resumable_iterate`` loop over this run in this attempt."""
@@ -270,17 +308,59 @@ def read_events(run_id: str, store: Store | str | None = None) -> list[dict]:
     return journal.decode(run_id, store.load(run_id))[0]
 
 
-@contextmanager
-def durable(run_id: str, *, store: Store | str | None = None) -> Iterator[Run]:
-    """Run a block as one durable run: locked, journaled, completed on success.
-
-    An exception records ``run_failed`` for this attempt and propagates; KeyboardInterrupt
-    (Ctrl-C, Kernel > Interrupt) records nothing, so the run stays pending and resumable.
-    """
+def open_checked(run_id: str, store: Store | str | None, identity: dict[str, Any], budget: Any = None) -> tuple[Run, bool]:
+    """Open (or join) the writer of ``run_id``, verifying its identity first; (run, owner)."""
     run_id = validate_run_id(run_id)
     resolved = open_store(store)
     owner = _REGISTRY.get(run_id, resolved) is None  # a nested block on the same run leaves it to the outer one
     run = _REGISTRY.open(run_id, resolved)
+    try:
+        check_identity(run_id, run.started_event, identity)
+    except BaseException:
+        if owner:
+            run.close()  # identity before spend: nothing appended
+        raise
+    if owner:
+        run.describe(**identity)
+        run.ledger.set_budget(budget)
+    return run, owner
+
+
+def identity_fields(definition: Any = None, input: Any = None, budget: Any = None, session_id: str | None = None) -> tuple[dict, Any]:
+    """The identity a caller asserts (only what it gave) and the parsed budget."""
+    from .ledger import Budget, digest
+
+    parsed = Budget.of(budget)
+    identity: dict[str, Any] = {}
+    if definition is not None:
+        identity["definition_sha256"] = definition if _is_digest(definition) else digest(definition)
+    if input is not None:
+        identity["input"] = input
+    if parsed is not None:
+        identity["budget_sha256"] = parsed.digest()
+    if session_id is not None:
+        identity["session_id"] = session_id
+    return identity, parsed
+
+
+def _is_digest(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
+@contextmanager
+def durable(run_id: str, *, store: Store | str | None = None, definition: Any = None, input: Any = None,
+            budget: Any = None, session_id: str | None = None) -> Iterator[Run]:
+    """Run a block as one durable run: locked, journaled, completed on success.
+
+    ``definition`` (any JSON, or its SHA-256), ``input``, ``budget`` (``{"usd", "tokens", "calls"}``)
+    and ``session_id`` are the run's identity: a resume with different ones raises the matching
+    IdentityMismatch before anything is spent or written. Journaled calls inside (``run.call_model``,
+    ``run.call_tool``, a ``durable_client``) replay on resume. An exception records ``run_failed``
+    for this attempt and propagates; KeyboardInterrupt (Ctrl-C, Kernel > Interrupt) records
+    nothing, so the run stays pending and resumable.
+    """
+    identity, parsed = identity_fields(definition, input, budget, session_id)
+    run, owner = open_checked(run_id, store, identity, parsed)
     if owner:
         run._iterate_loops = 0
     token = _CURRENT.set(run)

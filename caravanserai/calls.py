@@ -1,0 +1,177 @@
+"""Journaled calls: intent appended before the call goes out, result after, replay on resume.
+
+Model calls: ``call_started`` → the request is sent → ``call_settled`` (usage, inferred USD, the
+response) or ``call_failed``. A resumed attempt that makes the same request again (same path,
+same request digest, in the replay window) gets the journaled response without sending it.
+
+Tool calls go by declared effect: ``read`` re-drives an unsettled call; ``idempotent`` re-drives
+it with the stable key ``sha256(run_id, tool path, call id, sha256(args))``; ``write`` and
+``external`` stop with ``ToolEffectUncertain`` because the journal holds the intent but not the
+outcome — settle it by hand (``caravanserai settle RUN CALL_ID --result JSON``) and re-run.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import inspect
+from typing import TYPE_CHECKING, Any, Callable
+
+from .errors import CaravanseraiError, ToolEffectUncertain
+from .journal import RawJSON
+from .ledger import digest
+from .models import Model, ModelResponse, Usage, canonical
+from .pricing import estimate_usd
+from .serialization import to_json
+
+if TYPE_CHECKING:
+    from .runs import Run
+
+__all__ = ["EFFECTS", "current_idempotency_key", "idempotency_key", "journaled_call", "model_call", "settle", "tool_call"]
+
+EFFECTS = ("read", "idempotent", "write", "external")
+_IDEMPOTENCY_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("caravanserai_idempotency_key", default=None)
+
+
+def current_idempotency_key() -> str | None:
+    """Inside an ``idempotent`` tool: the stable key to pass to the remote service."""
+    return _IDEMPOTENCY_KEY.get()
+
+
+def idempotency_key(run_id: str, tool_path: str, call_id: str, args_sha256: str) -> str:
+    return hashlib.sha256("\x1f".join((run_id, tool_path, call_id, args_sha256)).encode("utf-8")).hexdigest()
+
+
+def journaled_call(run: "Run", *, path: str, kind: str, provider: str, model: str, request: dict,
+                   send: Callable[[], tuple[dict, Usage]], prompt_estimate: int = 0, max_tokens: int | None = None) -> dict:
+    """Journal one call around ``send()`` (which returns the response as JSON plus its usage)."""
+    ledger = run.ledger
+    request_sha = digest(request)
+    hit = ledger.replay_model(path, request_sha)
+    if hit is not None:
+        ledger.settle(hit, replayed=True)
+        return hit["call"]["response"]
+    ledger.check_budget(model, prompt_estimate, max_tokens)
+    call_id = ledger.next_call_id(path)
+    run.append({"type": "call_started", "path": path, "kind": kind, "provider": provider, "model": model,
+                "call_id": call_id, "request_sha256": request_sha})
+    try:
+        response, usage = send()
+    except BaseException as exc:
+        if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            info = exc.to_dict() if isinstance(exc, CaravanseraiError) else {"code": type(exc).__name__, "message": str(exc)[:500]}
+            run.append({"type": "call_failed", "path": path, "kind": kind, "call_id": call_id, **info})
+        raise
+    call = {
+        "call_id": call_id, "request_sha256": request_sha, "provider": provider, "model": model,
+        "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+                  "total_tokens": usage.total_tokens, "cached_tokens": usage.cached_tokens},
+        "estimated_usd": estimate_usd(model, usage.prompt_tokens, usage.completion_tokens),
+        "response": response,
+    }
+    encoded = RawJSON(to_json(call, what="model response"), call)  # encoded once, spliced into the line
+    settled = run.append({"type": "call_settled", "path": path, "kind": kind, "call": encoded})[0]
+    ledger.settle(settled)
+    return response
+
+
+def model_call(run: "Run", model: Model, messages: list[dict], *, path: str, tools: list[dict] | None = None,
+               **params: Any) -> ModelResponse:
+    """Ask ``model`` through the run's journal (replayed on resume, metered, budget-checked)."""
+    request = {"model": model.describe(), "messages": messages, "tools": tools or [], "params": params}
+
+    def send() -> tuple[dict, Usage]:
+        response = model.complete(messages, tools=tools, **params)
+        return response.to_dict(), response.usage
+
+    data = journaled_call(run, path=path, kind="model", provider=model.provider, model=model.name, request=request,
+                          send=send, prompt_estimate=len(canonical(messages)) // 4, max_tokens=params.get("max_tokens"))
+    return ModelResponse.from_dict(data)
+
+
+def tool_call(run: "Run", fn: Callable[..., Any], args: dict, *, name: str, path: str, effect: str = "read",
+              call_id: str | None = None) -> Any:
+    """Run a tool through the journal by its declared ``effect`` (see the module docstring)."""
+    if effect not in EFFECTS:
+        raise ValueError(f"tool {name!r}: effect must be one of {', '.join(EFFECTS)}, got {effect!r}")
+    ledger = run.ledger
+    args_sha = digest(args)
+    hit = ledger.replay_tool(path, name, args_sha)
+    if hit is not None:
+        intent, settled = hit
+        if settled is not None:
+            if "error" in settled:
+                raise CaravanseraiError(f"tool {name!r} call {intent['call_id']} was settled as failed: {settled['error']}",
+                                        tool=name, call_id=intent["call_id"])
+            return settled.get("result")
+        if effect in ("write", "external"):
+            raise ToolEffectUncertain(
+                f"durable_tool_effect_uncertain:{name}:{intent['call_id']}: tool {name!r} ({effect}) was called in an "
+                f"earlier attempt of run {run.run_id!r} but its outcome was never journaled; check what it did, then "
+                f"record it with `caravanserai settle {run.run_id} {intent['call_id']} --result JSON` (or --error TEXT) "
+                "and run again",
+                tool=name, call_id=intent["call_id"], run_id=run.run_id,
+            )
+        call_id = intent["call_id"]  # re-drive under the same id (and so the same idempotency key)
+    else:
+        call_id = call_id or ledger.next_call_id(path)
+    journaled_args = RawJSON(to_json(args, what=f"arguments of tool {name!r}"), args)
+    run.append({"type": "tool_intent", "path": path, "tool": name, "call_id": call_id, "effect": effect,
+                "args_sha256": args_sha, "args": journaled_args})
+    key = idempotency_key(run.run_id, path, call_id, args_sha) if effect == "idempotent" else None
+    token = _IDEMPOTENCY_KEY.set(key)
+    try:
+        kwargs = dict(args)
+        if key is not None and "idempotency_key" in _parameters(fn):
+            kwargs["idempotency_key"] = key
+        result = fn(**kwargs)
+    except BaseException as exc:
+        if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            run.append({"type": "tool_settled", "path": path, "tool": name, "call_id": call_id,
+                        "error": f"{type(exc).__name__}: {exc}"[:1000]})
+        raise
+    finally:
+        _IDEMPOTENCY_KEY.reset(token)
+    try:
+        encoded = RawJSON(to_json(result, what=f"result of tool {name!r}"), result)
+    except CaravanseraiError:
+        encoded = RawJSON(to_json(repr(result)), repr(result))
+        result = repr(result)
+    run.append({"type": "tool_settled", "path": path, "tool": name, "call_id": call_id, "result": encoded})
+    return result
+
+
+def _parameters(fn: Callable[..., Any]) -> set[str]:
+    try:
+        return set(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def settle(run_id: str, call_id: str, result: Any = None, *, error: str | None = None, store: Any = None) -> dict:
+    """Record by hand the outcome of a tool call whose effect is uncertain (``ToolEffectUncertain``).
+
+    Check what the tool really did, then settle it with its ``result`` (JSON) or ``error`` text;
+    the next attempt of the run gets that outcome instead of stopping. Returns the event.
+    """
+    from .runs import open_checked
+
+    run, owner = open_checked(run_id, store, {})
+    try:
+        intent = run.ledger.unsettled_intents.get(call_id)
+        if intent is None:
+            known = ", ".join(sorted(run.ledger.unsettled_intents)) or "none"
+            raise CaravanseraiError(f"run {run_id!r} has no unsettled tool call {call_id!r} (unsettled: {known})",
+                                    run_id=run_id, call_id=call_id)
+        event: dict[str, Any] = {"type": "tool_settled", "path": intent["path"], "tool": intent["tool"], "call_id": call_id,
+                                 "settled_by": "hand"}
+        if error is not None:
+            event["error"] = str(error)
+        else:
+            event["result"] = RawJSON(to_json(result, what="result"), result)
+        stored = run.append(event)[0]
+        run.ledger.unsettled_intents.pop(call_id, None)
+        return stored
+    finally:
+        if owner:
+            run.close()

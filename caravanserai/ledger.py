@@ -1,0 +1,293 @@
+"""What a run spent, and which journaled calls a resumed attempt may replay.
+
+The ledger reads a run's journal once when the run opens: it restores the **meter** (calls,
+tokens, inferred USD) from every settled call — revalidating each figure, because a store is a
+trust boundary — and it builds the **replay window**: the calls journaled after the last
+boundary (a waypoint or a conversation turn), which the resumed code is about to make again.
+A settled call in the window is returned from the journal without being sent; a call that
+started but never settled may have been billed, so it counts in ``possible_double_count_calls``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import defaultdict, deque
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+from .errors import BudgetExceeded, JournalCorruptionError
+from .models import canonical
+from .pricing import PRICE_LABEL, estimate_usd
+
+__all__ = ["Budget", "CallRecord", "Ledger", "Receipt", "ResumeInfo", "digest"]
+
+BOUNDARIES = ("waypoint", "turn")
+CALL_EVENTS = ("call_started", "call_settled", "call_failed", "tool_intent", "tool_settled")
+
+
+def digest(value: Any) -> str:
+    """SHA-256 hex of ``value``'s canonical JSON."""
+    return hashlib.sha256(canonical(value).encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Spending limits of a run (any subset). Part of the run's identity: changing it is BudgetChanged."""
+
+    usd: float | None = None
+    tokens: int | None = None
+    calls: int | None = None
+
+    @classmethod
+    def of(cls, value: "Budget | dict | None") -> "Budget | None":
+        if value is None or isinstance(value, Budget):
+            return value
+        if not isinstance(value, dict) or set(value) - {"usd", "tokens", "calls"}:
+            raise ValueError(f"budget must be a dict with keys usd, tokens, calls; got {value!r}")
+        budget = cls(value.get("usd"), value.get("tokens"), value.get("calls"))
+        for name in ("usd", "tokens", "calls"):
+            limit = getattr(budget, name)
+            if limit is not None and not (isinstance(limit, (int, float)) and not isinstance(limit, bool)
+                                          and math.isfinite(limit) and limit >= 0):
+                raise ValueError(f"budget {name}={limit!r} must be a finite number >= 0")
+        return budget
+
+    def digest(self) -> str:
+        return digest({k: v for k, v in asdict(self).items() if v is not None})
+
+
+@dataclass
+class CallRecord:
+    """One settled call as a receipt lists it (content-blind: no prompts, no answers)."""
+
+    call_id: str
+    path: str
+    kind: str
+    provider: str
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    estimated_usd: float | None
+    attempt: int
+    replayed: bool = False
+
+    @property
+    def priced(self) -> bool:
+        return self.estimated_usd is not None
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass
+class ResumeInfo:
+    attempts: int
+    prior_calls: int
+    prior_estimated_usd: float
+    prior_tokens: int
+    prior_unpriced: bool
+    possible_double_count_calls: int
+    discarded_partial_turn: bool
+    prior_settled: dict | None = None  # present when the run carries a budget
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        if data["prior_settled"] is None:
+            del data["prior_settled"]
+        return data
+
+
+@dataclass
+class Receipt:
+    """What the run spent: every settled call (all attempts), totals, and resume facts."""
+
+    calls: list[CallRecord] = field(default_factory=list)
+    resume: ResumeInfo | None = None
+    label: str = PRICE_LABEL
+
+    @property
+    def tokens(self) -> int:
+        return sum(c.total_tokens for c in self.calls)
+
+    @property
+    def estimated_usd(self) -> float:
+        return round(sum(c.estimated_usd or 0.0 for c in self.calls), 10)
+
+    @property
+    def unpriced(self) -> bool:
+        return any(not c.priced for c in self.calls)
+
+    def to_dict(self) -> dict:
+        return {
+            "calls": [{**asdict(c), "priced": c.priced} for c in self.calls],
+            "tokens": self.tokens,
+            "estimated_usd": self.estimated_usd,
+            "unpriced": self.unpriced,
+            "label": self.label,
+            "resume": self.resume.to_dict() if self.resume else None,
+        }
+
+
+def _bad(run_id: str, event: dict, problem: str) -> JournalCorruptionError:
+    return JournalCorruptionError(
+        f"journal of run {run_id!r}, event {event.get('seq')} ({event.get('type')}): {problem}; "
+        "a journaled figure failed revalidation (tampered or corrupt): restore the journal from a backup",
+        run_id=run_id, line=(event.get("seq") or 0) + 1,
+    )
+
+
+def _count(run_id: str, event: dict, call: dict, name: str) -> int:
+    value = call.get(name, 0)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise _bad(run_id, event, f"{name}={value!r} is not a non-negative integer")
+    return value
+
+
+def record_from_event(run_id: str, event: dict, attempt: int) -> CallRecord:
+    """Revalidate a ``call_settled`` event's figures (the meter's own checks) into a CallRecord."""
+    call = event.get("call")
+    if not isinstance(call, dict):
+        raise _bad(run_id, event, "has no 'call' object")
+    usage = call.get("usage") if isinstance(call.get("usage"), dict) else {}
+    prompt = _count(run_id, event, usage, "prompt_tokens")
+    completion = _count(run_id, event, usage, "completion_tokens")
+    cached = _count(run_id, event, usage, "cached_tokens")
+    total = usage.get("total_tokens", prompt + completion)
+    if total != prompt + completion:
+        raise _bad(run_id, event, f"total_tokens={total!r} is not prompt_tokens + completion_tokens ({prompt + completion})")
+    if cached > prompt:
+        raise _bad(run_id, event, f"cached_tokens={cached} exceeds prompt_tokens={prompt}")
+    usd = call.get("estimated_usd")
+    model = call.get("model") or event.get("model") or ""
+    if usd is not None:
+        if not isinstance(usd, (int, float)) or isinstance(usd, bool) or not math.isfinite(usd) or usd < 0:
+            raise _bad(run_id, event, f"estimated_usd={usd!r} is not a finite amount >= 0")
+        expected = estimate_usd(model, prompt, completion)
+        if expected is not None and abs(expected - usd) > 1e-9:
+            raise _bad(run_id, event, f"estimated_usd={usd!r} does not match the list price of {model!r} ({expected!r})")
+    return CallRecord(str(call.get("call_id", "")), str(event.get("path", "")), str(event.get("kind", "model")),
+                      str(call.get("provider", event.get("provider", ""))), model, prompt, completion, cached,
+                      float(usd) if usd is not None else None, attempt)
+
+
+class Ledger:
+    """Meter, receipt and replay window of one run attempt."""
+
+    def __init__(self, run_id: str, events: Sequence[dict], attempt: int) -> None:
+        self.run_id = run_id
+        self.attempt = attempt
+        self.budget: Budget | None = None
+        self.records: list[CallRecord] = []
+        self._replay: dict[tuple, deque[dict]] = defaultdict(deque)
+        self._settled_ids: set[str] = set()
+        self.unsettled_intents: dict[str, dict] = {}
+        self.resume: ResumeInfo | None = None
+        started: dict[str, dict] = {}
+        window: list[dict] = []
+        attempt_no = 0
+        for event in events:
+            etype = event["type"]
+            if etype in ("run_started", "attempt"):
+                attempt_no += 1
+            elif etype in BOUNDARIES:
+                window = []
+            elif etype == "call_started":
+                started[event["call_id"]] = event
+            elif etype == "call_settled":
+                started.pop((event.get("call") or {}).get("call_id"), None)
+                self.records.append(record_from_event(run_id, event, attempt_no))
+            elif etype == "call_failed":
+                started.pop(event.get("call_id"), None)
+            elif etype == "tool_intent":
+                self.unsettled_intents[event["call_id"]] = event
+            elif etype == "tool_settled":
+                self.unsettled_intents.pop(event.get("call_id"), None)
+                self._settled_ids.add(event.get("call_id"))
+            if etype in CALL_EVENTS:
+                window.append(event)
+        for event in window:
+            if event["type"] == "call_settled":
+                self._replay[("model", event.get("path"), event["call"].get("request_sha256"))].append(event)
+            elif event["type"] == "tool_intent":
+                self._replay[("tool", event.get("path"), event.get("tool"), event.get("args_sha256"))].append(event)
+        self._settlements = {e.get("call_id"): e for e in events if e["type"] == "tool_settled"}
+        self.calls_started = sum(1 for e in events if e["type"] in ("call_started", "tool_intent"))
+        if attempt > 1:
+            prior = list(self.records)
+            self.resume = ResumeInfo(
+                attempts=attempt,
+                prior_calls=len(prior),
+                prior_estimated_usd=round(sum(r.estimated_usd or 0.0 for r in prior), 10),
+                prior_tokens=sum(r.total_tokens for r in prior),
+                prior_unpriced=any(not r.priced for r in prior),
+                possible_double_count_calls=len(started),
+                discarded_partial_turn=any(e["type"] in ("call_settled", "tool_settled") for e in window),
+            )
+
+    # ---- spend ---------------------------------------------------------------------------
+    def set_budget(self, budget: Budget | None) -> None:
+        self.budget = budget
+        if budget is not None and self.resume is not None:
+            self.resume.prior_settled = {"usd": self.resume.prior_estimated_usd, "tokens": self.resume.prior_tokens,
+                                         "calls": self.resume.prior_calls}
+
+    def spent(self) -> tuple[float, int, int]:
+        return (sum(r.estimated_usd or 0.0 for r in self.records), sum(r.total_tokens for r in self.records),
+                len(self.records))
+
+    def check_budget(self, model: str, estimated_prompt_tokens: int, max_tokens: int | None) -> None:
+        """Refuse a call that would exceed the budget, before it is sent (prior attempts' spend counts)."""
+        if self.budget is None:
+            return
+        usd, tokens, calls = self.spent()
+        worst_tokens = estimated_prompt_tokens + (max_tokens or 0)
+        problems = []
+        if self.budget.calls is not None and calls + 1 > self.budget.calls:
+            problems.append(f"calls: {calls} made, budget {self.budget.calls}")
+        if self.budget.tokens is not None and tokens + worst_tokens > self.budget.tokens:
+            problems.append(f"tokens: {tokens} used + ~{worst_tokens} for this call > budget {self.budget.tokens}")
+        if self.budget.usd is not None:
+            cost = estimate_usd(model, estimated_prompt_tokens, max_tokens or 0) or 0.0
+            if usd + cost > self.budget.usd:
+                problems.append(f"usd: {usd:.6f} spent + ~{cost:.6f} for this call > budget {self.budget.usd}")
+        if problems:
+            raise BudgetExceeded(
+                f"run {self.run_id!r}: the next call would exceed its budget ({'; '.join(problems)}); it was not sent. "
+                "Raise the budget under a new run id, or stop here",
+                run_id=self.run_id, problems=problems,
+            )
+
+    def settle(self, event: dict, replayed: bool = False) -> CallRecord:
+        record = record_from_event(self.run_id, event, self.attempt)
+        record.replayed = replayed
+        if not replayed:
+            self.records.append(record)
+        return record
+
+    def receipt(self) -> Receipt:
+        return Receipt(list(self.records), self.resume)
+
+    # ---- replay --------------------------------------------------------------------------
+    def replay_model(self, path: str, request_sha: str) -> dict | None:
+        queue = self._replay.get(("model", path, request_sha))
+        return queue.popleft() if queue else None
+
+    def replay_tool(self, path: str, tool: str, args_sha: str) -> tuple[dict, dict | None] | None:
+        """(intent, settlement or None) of the next journaled call of this tool with these arguments."""
+        queue = self._replay.get(("tool", path, tool, args_sha))
+        if not queue:
+            return None
+        intent = queue.popleft()
+        return intent, self._settlements.get(intent["call_id"])
+
+    def next_call_id(self, path: str) -> str:
+        """A call id unique in the run and stable in its journal: ``<path>#<ordinal>``."""
+        self.calls_started += 1
+        return f"{path}#{self.calls_started}"
+
+    def boundary(self) -> None:
+        """A new waypoint/turn was committed: what the old window held is no longer replayable."""
+        self._replay.clear()

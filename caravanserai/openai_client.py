@@ -1,0 +1,109 @@
+"""``durable_client(client)``: an OpenAI-style client whose calls inside a run are journaled.
+
+    client = caravanserai.durable_client(openai.OpenAI(base_url=..., api_key=...))
+    with caravanserai.durable("nightly") as run:
+        reply = client.chat.completions.create(model=..., messages=[...])   # journaled
+
+Outside a run the wrapper passes every call straight through. Inside one (``durable()``,
+``%%resumable``), ``client.chat.completions.create(...)`` and ``client.completions.create(...)``
+append ``call_started`` before the request and ``call_settled`` (usage, inferred USD, the
+response) after; a resumed attempt making the same request gets the journaled response back,
+rebuilt as the client's own response type, without sending it. Streaming calls are passed
+through unjournaled (a stream cannot be replayed faithfully).
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import SimpleNamespace
+from typing import Any
+
+from .calls import journaled_call
+from .models import Usage, canonical
+from .runs import current_run
+
+__all__ = ["durable_client"]
+
+_JOURNALED = {("chat", "completions", "create"): "chat.completions", ("completions", "create"): "completions"}
+
+
+def durable_client(client: Any, *, provider: str = "openai") -> Any:
+    """Wrap ``client`` (openai.OpenAI or any object with the same ``.chat.completions.create``)."""
+    return _Proxy(client, (), provider)
+
+
+class _Proxy:
+    def __init__(self, target: Any, path: tuple[str, ...], provider: str) -> None:
+        self._target = target
+        self._path = path
+        self._provider = provider
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._target, name)
+        path = (*self._path, name)
+        endpoint = _JOURNALED.get(path)
+        if endpoint is not None and callable(value):
+            return _journaled(value, endpoint, self._provider)
+        if any(key[: len(path)] == path for key in _JOURNALED):
+            return _Proxy(value, path, self._provider)
+        return value
+
+    def __repr__(self) -> str:
+        return f"durable_client({self._target!r})"
+
+
+def _journaled(create: Any, endpoint: str, provider: str) -> Any:
+    def call(**kwargs: Any) -> Any:
+        run = current_run()
+        if run is None or kwargs.get("stream"):
+            return create(**kwargs)
+        holder: dict[str, Any] = {}
+
+        def send() -> tuple[dict, Usage]:
+            response = create(**kwargs)
+            data = _to_dict(response)
+            holder["type"] = f"{type(response).__module__}:{type(response).__qualname__}"
+            return {"type": holder["type"], "body": data}, Usage.from_openai(data.get("usage"))
+
+        request = {"endpoint": endpoint, "kwargs": kwargs}
+        prompt = canonical(kwargs.get("messages") or kwargs.get("prompt") or "")
+        stored = journaled_call(run, path=f"openai.{endpoint}", kind="model", provider=provider,
+                                model=str(kwargs.get("model", "")), request=request, send=send,
+                                prompt_estimate=len(prompt) // 4, max_tokens=kwargs.get("max_tokens"))
+        return _from_dict(stored)
+
+    return call
+
+
+def _to_dict(response: Any) -> dict:
+    if isinstance(response, dict):
+        return response
+    for method in ("model_dump", "to_dict", "dict"):
+        if hasattr(response, method):
+            return getattr(response, method)()
+    raise TypeError(f"cannot journal a response of type {type(response).__name__}: it has no model_dump()/to_dict()")
+
+
+def _from_dict(stored: dict) -> Any:
+    """Rebuild the client's response type (pydantic ``model_validate``), else attribute access."""
+    body, type_name = stored.get("body", stored), stored.get("type", "")
+    module, _, qualname = type_name.partition(":")
+    try:
+        cls: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            cls = getattr(cls, part)
+        if hasattr(cls, "model_validate"):
+            return cls.model_validate(body)
+    except (ImportError, AttributeError, ValueError):
+        pass
+    if module == "builtins":
+        return body
+    return _namespace(body)
+
+
+def _namespace(value: Any) -> Any:
+    if isinstance(value, dict):
+        return SimpleNamespace(**{k: _namespace(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return [_namespace(v) for v in value]
+    return value
