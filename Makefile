@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench clean-venv
+.PHONY: demo test bench clean-venv model-server
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,7 +18,11 @@ demo: $(BIN)/.installed
 	$(BIN)/python demo.py
 	$(BIN)/caravanserai show demo
 
-test: $(BIN)/.installed
+# The real local model server (SmolLM2 via `transformers serve`) gets its own venv, built once.
+model-server: $(BIN)/.installed
+	$(BIN)/python tests/servers/model_server.py setup
+
+test: $(BIN)/.installed model-server
 	$(BIN)/python -m pytest
 
 bench: $(BIN)/.installed

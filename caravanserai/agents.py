@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from .calls import EFFECTS, model_call, tool_call
-from .errors import CaravanseraiError, DurableOptionConflict
+from .errors import CaravanseraiError, DurableOptionConflict, ToolFailed
 from .identity import check_identity
-from .ledger import Budget, Ledger, Receipt, digest
+from .ledger import Budget, Receipt, completed_receipt, digest
 from .models import Model, auto
 from .runs import _CURRENT, Run, open_checked, read_events
 from .stores import LocalStore, MemoryStore, Store, open_store
@@ -120,7 +120,8 @@ class Agent:
             if run is None:
                 raise CaravanseraiError(f"subagent {sub.id!r} must be called inside a run", agent=sub.id)
             path = f"{_AGENT_PATH.get()}/{sub.id}"
-            return _loop(run, sub, [{"role": "user", "content": input}], path=path, checkpoint_turns=False)
+            conversation = [{"role": "system", "content": sub.instructions}, {"role": "user", "content": input}]
+            return _loop(run, sub, conversation, path=path, checkpoint_turns=False)
 
         return Tool(self.id, call_subagent, "read", description or f"Ask the {self.id} agent: {self.instructions}",
                     {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]})
@@ -188,9 +189,11 @@ def _loop(run: Run, spec: Agent, conversation: list[dict], *, path: str, checkpo
                 try:
                     result = tool_call(run, target.fn, args if isinstance(args, dict) else {"value": args},
                                        name=name, path=f"{path}/{name}", effect=target.effect)
+                    content = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
+                except ToolFailed as failure:  # the model sees the failure and can react to it
+                    content = f"error: {failure.detail}"
                 finally:
                     _AGENT_PATH.reset(outer)
-                content = result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
             added.append({"role": "tool", "tool_call_id": call.get("id"), "name": name, "content": content})
         if checkpoint_turns:
             run.append({"type": "turn", "messages": added})
@@ -231,10 +234,8 @@ def run(agent: Agent, input: Any, *, durable: "Durable | dict | str | None" = No
         check_identity(spec.run_id, events[0], identity)
         finished = next((e for e in events if e["type"] == "run_completed"), None)
         if finished is not None:  # the idempotency key: buy the tokens once
-            attempts = sum(1 for e in events if e["type"] in ("run_started", "attempt"))
             result = finished.get("result") or {}
-            return RunResult(result.get("text", ""), Ledger(spec.run_id, events, attempts).receipt(), spec.run_id,
-                             replayed=True)
+            return RunResult(result.get("text", ""), completed_receipt(spec.run_id, events), spec.run_id, replayed=True)
     the_run, owner = open_checked(spec.run_id, store, identity, parsed)
     token = _CURRENT.set(the_run)
     try:

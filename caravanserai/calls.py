@@ -17,11 +17,11 @@ import hashlib
 import inspect
 from typing import TYPE_CHECKING, Any, Callable
 
-from .errors import CaravanseraiError, ToolEffectUncertain
+from .errors import CaravanseraiError, ToolEffectUncertain, ToolFailed
 from .journal import RawJSON
 from .ledger import digest
 from .models import Model, ModelResponse, Usage, canonical
-from .pricing import estimate_usd
+from .pricing import estimate_usd, price_for
 from .serialization import to_json
 
 if TYPE_CHECKING:
@@ -67,6 +67,7 @@ def journaled_call(run: "Run", *, path: str, kind: str, provider: str, model: st
         "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
                   "total_tokens": usage.total_tokens, "cached_tokens": usage.cached_tokens},
         "estimated_usd": estimate_usd(model, usage.prompt_tokens, usage.completion_tokens),
+        "price_per_million": price_for(model),
         "response": response,
     }
     encoded = RawJSON(to_json(call, what="model response"), call)  # encoded once, spliced into the line
@@ -99,12 +100,13 @@ def tool_call(run: "Run", fn: Callable[..., Any], args: dict, *, name: str, path
     hit = ledger.replay_tool(path, name, args_sha)
     if hit is not None:
         intent, settled = hit
-        if settled is not None:
-            if "error" in settled:
-                raise CaravanseraiError(f"tool {name!r} call {intent['call_id']} was settled as failed: {settled['error']}",
-                                        tool=name, call_id=intent["call_id"])
+        redrivable = effect in ("read", "idempotent")
+        if settled is not None and "error" not in settled:
             return settled.get("result")
-        if effect in ("write", "external"):
+        if settled is not None and not redrivable:
+            raise ToolFailed(f"tool {name!r} call {intent['call_id']} failed: {settled['error']}",
+                             tool=name, call_id=intent["call_id"], detail=settled["error"])
+        if settled is None and not redrivable:
             raise ToolEffectUncertain(
                 f"durable_tool_effect_uncertain:{name}:{intent['call_id']}: tool {name!r} ({effect}) was called in an "
                 f"earlier attempt of run {run.run_id!r} but its outcome was never journaled; check what it did, then "
@@ -125,11 +127,12 @@ def tool_call(run: "Run", fn: Callable[..., Any], args: dict, *, name: str, path
         if key is not None and "idempotency_key" in _parameters(fn):
             kwargs["idempotency_key"] = key
         result = fn(**kwargs)
-    except BaseException as exc:
-        if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            run.append({"type": "tool_settled", "path": path, "tool": name, "call_id": call_id,
-                        "error": f"{type(exc).__name__}: {exc}"[:1000]})
+    except (KeyboardInterrupt, SystemExit):
         raise
+    except Exception as exc:
+        detail = f"{type(exc).__name__}: {exc}"[:1000]
+        run.append({"type": "tool_settled", "path": path, "tool": name, "call_id": call_id, "error": detail})
+        raise ToolFailed(f"tool {name!r} call {call_id} failed: {detail}", tool=name, call_id=call_id, detail=detail) from exc
     finally:
         _IDEMPOTENCY_KEY.reset(token)
     try:
@@ -157,6 +160,8 @@ def settle(run_id: str, call_id: str, result: Any = None, *, error: str | None =
     from .runs import open_checked
 
     run, owner = open_checked(run_id, store, {})
+    if owner:
+        run._header = []  # settling by hand is not an attempt of the run
     try:
         intent = run.ledger.unsettled_intents.get(call_id)
         if intent is None:

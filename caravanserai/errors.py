@@ -23,6 +23,7 @@ The tree::
     │   ├── SessionMismatch           (durable_session_mismatch)
     │   └── ConversationMismatch      (durable_conversation_mismatch)
     ├── ToolEffectUncertain           (durable_tool_effect_uncertain) a write/external tool's outcome is unknown
+    ├── ToolFailed                    (tool_failed)           a journaled tool call failed (an agent shows it to the model)
     ├── BudgetExceeded                (budget_exceeded)       a call would exceed the run's budget; not sent
     ├── DurableOptionConflict         (durable_option_conflict) durable runs take budget=, not max_cost_usd=
     ├── ModelNotConfigured            (model_not_configured)  auto() found no model in the environment
@@ -62,6 +63,7 @@ __all__ = [
     "SessionMismatch",
     "StoreUnavailable",
     "ToolEffectUncertain",
+    "ToolFailed",
     "UnknownStoreScheme",
 ]
 
@@ -186,6 +188,10 @@ class ToolEffectUncertain(CaravanseraiError):
 
     def __str__(self) -> str:
         return self.message
+
+
+class ToolFailed(CaravanseraiError):
+    code = "tool_failed"
 
 
 class BudgetExceeded(CaravanseraiError):

@@ -20,7 +20,7 @@ from .errors import BudgetExceeded, JournalCorruptionError
 from .models import canonical
 from .pricing import PRICE_LABEL, estimate_usd
 
-__all__ = ["Budget", "CallRecord", "Ledger", "Receipt", "ResumeInfo", "digest"]
+__all__ = ["Budget", "CallRecord", "Ledger", "Receipt", "ResumeInfo", "completed_receipt", "digest"]
 
 BOUNDARIES = ("waypoint", "turn")
 CALL_EVENTS = ("call_started", "call_settled", "call_failed", "tool_intent", "tool_settled")
@@ -162,10 +162,24 @@ def record_from_event(run_id: str, event: dict, attempt: int) -> CallRecord:
         raise _bad(run_id, event, f"cached_tokens={cached} exceeds prompt_tokens={prompt}")
     usd = call.get("estimated_usd")
     model = call.get("model") or event.get("model") or ""
-    if usd is not None:
+    price = call.get("price_per_million")
+    if "price_per_million" in call:
+        # Revalidate against the price recorded with the call, so a later price-table change
+        # does not turn an honest journal into a "corrupt" one.
+        if price is not None and not (isinstance(price, (list, tuple)) and len(price) == 2 and all(
+                isinstance(p, (int, float)) and not isinstance(p, bool) and math.isfinite(p) and p >= 0 for p in price)):
+            raise _bad(run_id, event, f"price_per_million={price!r} is not two finite amounts >= 0")
+        expected = None if price is None else round((prompt * price[0] + completion * price[1]) / 1_000_000, 10)
+    else:
+        expected = estimate_usd(model, prompt, completion)
+    if usd is None:
+        if expected is not None:
+            raise _bad(run_id, event, f"estimated_usd is missing for priced model {model!r}")
+    else:
         if not isinstance(usd, (int, float)) or isinstance(usd, bool) or not math.isfinite(usd) or usd < 0:
             raise _bad(run_id, event, f"estimated_usd={usd!r} is not a finite amount >= 0")
-        expected = estimate_usd(model, prompt, completion)
+        if expected is None and "price_per_million" in call:
+            raise _bad(run_id, event, f"estimated_usd={usd!r} given for a call recorded as unpriced")
         if expected is not None and abs(expected - usd) > 1e-9:
             raise _bad(run_id, event, f"estimated_usd={usd!r} does not match the list price of {model!r} ({expected!r})")
     return CallRecord(str(call.get("call_id", "")), str(event.get("path", "")), str(event.get("kind", "model")),
@@ -250,8 +264,11 @@ class Ledger:
         if self.budget.tokens is not None and tokens + worst_tokens > self.budget.tokens:
             problems.append(f"tokens: {tokens} used + ~{worst_tokens} for this call > budget {self.budget.tokens}")
         if self.budget.usd is not None:
-            cost = estimate_usd(model, estimated_prompt_tokens, max_tokens or 0) or 0.0
-            if usd + cost > self.budget.usd:
+            cost = estimate_usd(model, estimated_prompt_tokens, max_tokens or 0)
+            if cost is None:
+                problems.append(f"usd: model {model!r} has no list price, so a USD budget cannot be enforced "
+                                "(caravanserai.pricing.register_price it, or budget by tokens/calls)")
+            elif usd + cost > self.budget.usd:
                 problems.append(f"usd: {usd:.6f} spent + ~{cost:.6f} for this call > budget {self.budget.usd}")
         if problems:
             raise BudgetExceeded(
@@ -269,6 +286,7 @@ class Ledger:
 
     def receipt(self) -> Receipt:
         return Receipt(list(self.records), self.resume)
+
 
     # ---- replay --------------------------------------------------------------------------
     def replay_model(self, path: str, request_sha: str) -> dict | None:
@@ -291,3 +309,12 @@ class Ledger:
     def boundary(self) -> None:
         """A new waypoint/turn was committed: what the old window held is no longer replayable."""
         self._replay.clear()
+
+
+def completed_receipt(run_id: str, events: Sequence[dict]) -> Receipt:
+    """The receipt a completed run returned: its calls, and the resume facts of the attempt that completed it."""
+    done = next((i for i, e in enumerate(events) if e["type"] == "run_completed"), len(events) - 1)
+    starts = [i for i, e in enumerate(events[: done + 1]) if e["type"] in ("run_started", "attempt")]
+    begin, attempts = (starts[-1], len(starts)) if starts else (0, 1)
+    calls = Ledger(run_id, events[: done + 1], attempts).records
+    return Receipt(calls, Ledger(run_id, events[:begin], attempts).resume)

