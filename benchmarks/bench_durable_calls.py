@@ -100,7 +100,8 @@ def ensure_peers(skip: bool) -> tuple[Path | None, dict, dict]:
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
             tail = (getattr(exc, "stderr", None) or getattr(exc, "stdout", None) or str(exc))
             tail = tail.decode() if isinstance(tail, bytes) else str(tail)
-            why = "install failed: " + " | ".join(tail.strip().splitlines()[-3:])
+            lines = [line for line in tail.strip().splitlines() if not line.startswith("WARNING")] or ["?"]
+            why = "install failed: " + " | ".join(line if len(line) < 240 else line[:200] + " ..." for line in lines[-2:])
             print(f"PEERS UNAVAILABLE: {why}", flush=True)
         versions = peer_versions(python)
     broken = {}

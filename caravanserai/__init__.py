@@ -10,11 +10,14 @@ from __future__ import annotations
 from ._version import __version__
 from .agents import Agent, DiskDurableStore, Durable, RunResult, Tool, agent, run, tool
 from .calls import current_idempotency_key, settle
+from .durable_agent import DurableAgent
 from .errors import (
     AgentMismatch,
     BudgetChanged,
     BudgetExceeded,
     CaravanseraiError,
+    CheckpointCorruptionError,
+    CheckpointFormatError,
     ConversationMismatch,
     DefinitionChanged,
     DurableOptionConflict,
@@ -53,10 +56,13 @@ __all__ = [
     "BudgetChanged",
     "BudgetExceeded",
     "CaravanseraiError",
+    "CheckpointCorruptionError",
+    "CheckpointFormatError",
     "ConversationMismatch",
     "DefinitionChanged",
     "DiskDurableStore",
     "Durable",
+    "DurableAgent",
     "DurableOptionConflict",
     "IdentityMismatch",
     "InputMismatch",

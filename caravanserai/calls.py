@@ -96,8 +96,7 @@ def tool_call(run: "Run", fn: Callable[..., Any], args: dict, *, name: str, path
     if effect not in EFFECTS:
         raise ValueError(f"tool {name!r}: effect must be one of {', '.join(EFFECTS)}, got {effect!r}")
     ledger = run.ledger
-    args_sha = digest(args)
-    hit = ledger.replay_tool(path, name, args_sha)
+    hit = ledger.replay_tool(path, name, args)
     if hit is not None:
         intent, settled = hit
         redrivable = effect in ("read", "idempotent")
@@ -117,9 +116,12 @@ def tool_call(run: "Run", fn: Callable[..., Any], args: dict, *, name: str, path
         call_id = intent["call_id"]  # re-drive under the same id (and so the same idempotency key)
     else:
         call_id = call_id or ledger.next_call_id(path)
+    args_sha = digest(args)
     journaled_args = RawJSON(to_json(args, what=f"arguments of tool {name!r}"), args)
+    # A read tool's intent need not be durable before the call: if a crash loses it, the resumed
+    # run simply calls the tool again, which a read tool allows. Every other effect's intent is.
     run.append({"type": "tool_intent", "path": path, "tool": name, "call_id": call_id, "effect": effect,
-                "args_sha256": args_sha, "args": journaled_args})
+                "args_sha256": args_sha, "args": journaled_args}, sync=effect != "read")
     key = idempotency_key(run.run_id, path, call_id, args_sha) if effect == "idempotent" else None
     token = _IDEMPOTENCY_KEY.set(key)
     try:

@@ -116,7 +116,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"\nitems done: {done} (resumable_iterate loop {loop})")
     receipt = summary["receipt"]
     if receipt["calls"] or summary["summary"].get("agent_id"):
-        print(_format_run(summary))
+        text = _format_run(summary)
+        print(text if waypoints or summary["items_done"] else text.lstrip("\n"))
     elif summary["latest"] is None and not summary["items_done"]:
         print(f"run {run_id!r} has no waypoints yet")
     return 0

@@ -27,6 +27,8 @@ The tree::
     ├── BudgetExceeded                (budget_exceeded)       a call would exceed the run's budget; not sent
     ├── DurableOptionConflict         (durable_option_conflict) durable runs take budget=, not max_cost_usd=
     ├── ModelNotConfigured            (model_not_configured)  auto() found no model in the environment
+    ├── CheckpointFormatError         (checkpoint_format)     not a checkpoint this version can read
+    ├── CheckpointCorruptionError     (checkpoint_corruption) damaged checkpoint bytes, or an id that does not match
     └── ModelError                    (model_error)           the model server failed (unreachable, status, body)
 
 Messages are one line naming the problem and the remedy. Errors carry their fields as
@@ -43,6 +45,8 @@ __all__ = [
     "BudgetChanged",
     "BudgetExceeded",
     "CaravanseraiError",
+    "CheckpointCorruptionError",
+    "CheckpointFormatError",
     "ConversationMismatch",
     "DefinitionChanged",
     "DurableOptionConflict",
@@ -208,3 +212,11 @@ class ModelNotConfigured(CaravanseraiError):
 
 class ModelError(CaravanseraiError):
     code = "model_error"
+
+
+class CheckpointFormatError(CaravanseraiError, ValueError):
+    code = "checkpoint_format"
+
+
+class CheckpointCorruptionError(CaravanseraiError):
+    code = "checkpoint_corruption"

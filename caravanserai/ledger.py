@@ -200,35 +200,37 @@ class Ledger:
         self.unsettled_intents: dict[str, dict] = {}
         self.resume: ResumeInfo | None = None
         started: dict[str, dict] = {}
-        window: list[dict] = []
+        window_start = 0  # index of the first event after the last boundary
         attempt_no = 0
-        for event in events:
+        self._settlements: dict[str, dict] = {}
+        self.calls_started = 0
+        for index, event in enumerate(events):
             etype = event["type"]
-            if etype in ("run_started", "attempt"):
-                attempt_no += 1
-            elif etype in BOUNDARIES:
-                window = []
+            if etype == "tool_intent":
+                self.unsettled_intents[event["call_id"]] = event
+                self.calls_started += 1
+            elif etype == "tool_settled":
+                call_id = event.get("call_id")
+                self.unsettled_intents.pop(call_id, None)
+                self._settlements[call_id] = event
             elif etype == "call_started":
                 started[event["call_id"]] = event
+                self.calls_started += 1
             elif etype == "call_settled":
                 started.pop((event.get("call") or {}).get("call_id"), None)
                 self.records.append(record_from_event(run_id, event, attempt_no))
             elif etype == "call_failed":
                 started.pop(event.get("call_id"), None)
-            elif etype == "tool_intent":
-                self.unsettled_intents[event["call_id"]] = event
-            elif etype == "tool_settled":
-                self.unsettled_intents.pop(event.get("call_id"), None)
-                self._settled_ids.add(event.get("call_id"))
-            if etype in CALL_EVENTS:
-                window.append(event)
+            elif etype == "run_started" or etype == "attempt":
+                attempt_no += 1
+            elif etype in BOUNDARIES:
+                window_start = index + 1
+        window = [e for e in events[window_start:] if e["type"] in CALL_EVENTS]
         for event in window:
             if event["type"] == "call_settled":
                 self._replay[("model", event.get("path"), event["call"].get("request_sha256"))].append(event)
             elif event["type"] == "tool_intent":
-                self._replay[("tool", event.get("path"), event.get("tool"), event.get("args_sha256"))].append(event)
-        self._settlements = {e.get("call_id"): e for e in events if e["type"] == "tool_settled"}
-        self.calls_started = sum(1 for e in events if e["type"] in ("call_started", "tool_intent"))
+                self._replay[("tool", event.get("path"), event.get("tool"))].append(event)
         if attempt > 1:
             prior = list(self.records)
             self.resume = ResumeInfo(
@@ -293,13 +295,27 @@ class Ledger:
         queue = self._replay.get(("model", path, request_sha))
         return queue.popleft() if queue else None
 
-    def replay_tool(self, path: str, tool: str, args_sha: str) -> tuple[dict, dict | None] | None:
-        """(intent, settlement or None) of the next journaled call of this tool with these arguments."""
-        queue = self._replay.get(("tool", path, tool, args_sha))
+    def replay_tool(self, path: str, tool: str, args: dict) -> tuple[dict, dict | None] | None:
+        """(intent, settlement or None) of the next journaled call of this tool with these arguments.
+
+        Resumed code calls in journal order, so the head of the tool's queue almost always
+        matches: compare the arguments directly, and fall back to their digest (tuples and
+        other values JSON turns into lists) before scanning the rest of the queue.
+        """
+        queue = self._replay.get(("tool", path, tool))
         if not queue:
             return None
-        intent = queue.popleft()
-        return intent, self._settlements.get(intent["call_id"])
+        head = queue[0]
+        if head.get("args") == args:
+            queue.popleft()
+        else:
+            wanted = digest(args)
+            match = next((i for i, intent in enumerate(queue) if intent.get("args_sha256") == wanted), None)
+            if match is None:
+                return None
+            head = queue[match]
+            del queue[match]
+        return head, self._settlements.get(head["call_id"])
 
     def next_call_id(self, path: str) -> str:
         """A call id unique in the run and stable in its journal: ``<path>#<ordinal>``."""

@@ -166,6 +166,9 @@ def auto(**params: Any) -> Model:
     )
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=repr)
+
+
 def canonical(value: Any) -> str:
     """Canonical JSON used for request digests (sorted keys, no spaces)."""
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=repr)
+    return _CANONICAL.encode(value)

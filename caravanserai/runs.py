@@ -59,6 +59,9 @@ def launch_info() -> dict[str, Any]:
     }
 
 
+_INDEXED = frozenset({"run_started", "attempt", "waypoint", "progress", "run_completed", "run_failed"})
+
+
 class Run:
     """A run this process writes. Use ``durable()``; construct directly only in tests."""
 
@@ -70,8 +73,7 @@ class Run:
         self._lock = threading.RLock()
         self._closed = False
         self._started = bool(events)
-        self.attempt = sum(1 for e in events if e["type"] in ("run_started", "attempt")) + 1
-        self._header: list[dict] = [self._attempt_event(events)]
+        self.attempt = 1
         self._last_waypoint: dict | None = None
         self._waypoint_count = 0
         self._completed: dict | None = None
@@ -79,8 +81,14 @@ class Run:
         self.progress: dict[int, list[str]] = {}  # loop -> fingerprints of done items, in order
         self.progress_done: dict[int, int] = {}  # loop -> items done, counting any imported from 0.2.0
         self.legacy_offset: int | None = None
+        index = self._index
         for event in events:
-            self._index(event)
+            etype = event["type"]
+            if etype in _INDEXED:
+                if etype == "run_started" or etype == "attempt":
+                    self.attempt += 1
+                index(event)
+        self._header: list[dict] = [self._attempt_event(events)]
         self._iterate_loops = 0
         self.started_event: dict | None = events[0] if events else None
         self.ledger = Ledger(run_id, events, self.attempt)
@@ -113,15 +121,19 @@ class Run:
         return self._completed.get("result") if self._completed else None
 
     # ---- writing -------------------------------------------------------------------------
-    def append(self, *events: dict) -> list[dict]:
-        """Append events (type + fields) durably; returns them as stored (with v/seq/at/prev)."""
+    def append(self, *events: dict, sync: bool = True) -> list[dict]:
+        """Append events (type + fields) durably; returns them as stored (with v/seq/at/prev).
+
+        ``sync=False`` defers durability to the next synced append (for records whose loss a
+        crash makes harmless, such as a ``read`` tool's intent).
+        """
         with self._lock:
             if self._closed:
                 raise CaravanseraiError(f"run {self.run_id!r} is closed; open it again with durable()", run_id=self.run_id)
             pending = [*self._header, *events]
             lines, encoded, tail = journal.encode(pending, self._tail)
             self._lease.renew()
-            self.store.append(self.run_id, lines, lease=self._lease, seq=self._tail.seq)
+            self.store.append(self.run_id, lines, lease=self._lease, seq=self._tail.seq, sync=sync)
             self._tail = tail
             self._header = []
             self._started = True
@@ -178,19 +190,15 @@ class Run:
     def call_model(self, model: Any, messages: list[dict], *, path: str = "run", tools: list[dict] | None = None,
                    **params: Any) -> Any:
         """Ask ``model`` through the journal: replayed on resume, metered, refused over budget."""
-        from .calls import model_call
-
-        return model_call(self, model, messages, path=path, tools=tools, **params)
+        return _calls().model_call(self, model, messages, path=path, tools=tools, **params)
 
     def call_tool(self, fn: Any, args: dict | None = None, *, name: str | None = None, effect: str | None = None,
                   path: str = "run") -> Any:
         """Run a tool through the journal by its declared effect (read, idempotent, write, external)."""
-        from .calls import tool_call
-
         name = name or getattr(fn, "name", None) or fn.__name__
         effect = effect or getattr(fn, "effect", "read")
         target = getattr(fn, "fn", fn)
-        return tool_call(self, target, dict(args or {}), name=name, path=f"{path}/{name}", effect=effect)
+        return _calls().tool_call(self, target, dict(args or {}), name=name, path=f"{path}/{name}", effect=effect)
 
     def receipt(self):
         """What this run has spent, all attempts together (a ``Receipt``)."""
@@ -239,6 +247,18 @@ class Run:
         return f"<Run {self.run_id!r} attempt {self.attempt} in {self.store.url}>"
 
 
+_CALLS: Any = None
+
+
+def _calls() -> Any:
+    global _CALLS
+    if _CALLS is None:
+        from . import calls  # imported late: calls imports this module
+
+        _CALLS = calls
+    return _CALLS
+
+
 class _Registry:
     """The one writer per (store, run) in this process."""
 
@@ -257,8 +277,9 @@ class _Registry:
                 return run
             lease = store.acquire(run_id)
             try:
-                events, tail = journal.decode(run_id, store.load(run_id))
+                events, tail = journal.decode(run_id, store.load_held(lease))
                 run = Run(run_id, store, lease, events, tail)
+                store.refresh_views(run_id, events, writer=True)  # finish views a killed writer left
             except BaseException:
                 lease.release()
                 raise

@@ -126,11 +126,17 @@ class Store(ABC):
         """The run's complete journal lines (a torn last line after a crash is left out); [] if none."""
 
     @abstractmethod
-    def append(self, run_id: str, lines: Sequence[str], *, lease: Lease, seq: int) -> None:
+    def append(self, run_id: str, lines: Sequence[str], *, lease: Lease, seq: int, sync: bool = True) -> None:
         """Append ``lines`` (the first has number ``seq``); durable when it returns.
 
-        Raises LeaseLost if ``lease`` no longer holds the run: a fenced-off writer cannot append.
+        ``sync=False`` lets a backend defer durability to the next synced append (the local store
+        skips that fdatasync); backends whose every write is durable ignore it. Raises LeaseLost
+        if ``lease`` no longer holds the run: a fenced-off writer cannot append.
         """
+
+    def load_held(self, lease: Lease) -> list[str]:
+        """``load`` for the holder of ``lease`` (a backend may reuse what acquiring just read)."""
+        return self.load(lease.run_id)
 
     @abstractmethod
     def acquire(self, run_id: str) -> Lease:
@@ -163,7 +169,7 @@ class Store(ABC):
     def committed(self, run_id: str, events: Sequence[dict]) -> None:
         """Hook called after an acknowledged append; the local store renders its views here."""
 
-    def refresh_views(self, run_id: str, events: Sequence[dict] | None = None) -> None:
+    def refresh_views(self, run_id: str, events: Sequence[dict] | None = None, *, writer: bool = False) -> None:
         """Bring human-readable views up to date with the journal (no-op where there are none)."""
 
     def last_updated(self, run_id: str) -> float | None:

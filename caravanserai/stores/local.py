@@ -107,6 +107,7 @@ class LocalLease(Lease):
         self.journal_fd: int | None = None
         self.size = 0
         self.next_seq = 0
+        self.snapshot: bytes | None = None  # the journal as acquire read it
 
     def _release(self) -> None:
         RENDERER.flush(self.run_dir)
@@ -201,8 +202,6 @@ class LocalStore(Store):
             os.pwrite(lock_fd, json.dumps(holder).encode().ljust(HOLDER_BYTES), 0)
             lease = LocalLease(self, run_id, holder["token"], holder, lock_fd, run_dir)
             self._open_journal(lease)
-            if self.views:  # finish views a killed writer left behind, off this thread
-                RENDERER.submit(run_dir, reconcile_from=lambda: journal.decode(run_id, self.load(run_id))[0])
         except BaseException:
             fcntl.flock(lock_fd, fcntl.LOCK_UN)
             os.close(lock_fd)
@@ -227,8 +226,16 @@ class LocalStore(Store):
         lease.journal_fd = fd
         lease.size = good
         lease.next_seq = data[:good].count(b"\n")
+        lease.snapshot = data[:good]
 
-    def append(self, run_id: str, lines: Sequence[str], *, lease: Lease, seq: int) -> None:
+    def load_held(self, lease: Lease) -> list[str]:
+        snapshot = getattr(lease, "snapshot", None)
+        if snapshot is None:
+            return self.load(lease.run_id)
+        lease.snapshot = None  # only valid right after acquire
+        return complete_lines(snapshot)
+
+    def append(self, run_id: str, lines: Sequence[str], *, lease: Lease, seq: int, sync: bool = True) -> None:
         assert isinstance(lease, LocalLease) and lease.run_id == run_id
         lease.check()
         if seq != lease.next_seq:
@@ -240,7 +247,8 @@ class LocalStore(Store):
                 fsync_dir(lease.run_dir)
             try:
                 write_all(lease.journal_fd, data)
-                os.fdatasync(lease.journal_fd)
+                if sync:
+                    os.fdatasync(lease.journal_fd)
             except OSError:
                 os.ftruncate(lease.journal_fd, lease.size)  # nothing half-written
                 raise
@@ -259,8 +267,12 @@ class LocalStore(Store):
         """Wait until views of this process's appends are written (tests, before reading files)."""
         RENDERER.flush()
 
-    def refresh_views(self, run_id: str, events: Sequence[dict] | None = None) -> None:
-        """Complete stale views (after a kill) under ``views.lock``, re-reading the journal there."""
+    def refresh_views(self, run_id: str, events: Sequence[dict] | None = None, *, writer: bool = False) -> None:
+        """Complete stale views (after a kill) under ``views.lock``.
+
+        A reader re-reads the journal under that lock; the writer (``writer=True``, holding the
+        run's lease, so the journal cannot change) hands its events to the background renderer.
+        """
         if not self.views:
             return
         run_dir = self.run_dir(run_id)
@@ -269,6 +281,9 @@ class LocalStore(Store):
         if events is None:
             events = journal.decode(run_id, self.load(run_id))[0]
         if not is_stale(run_dir, events):
+            return
+        if writer:
+            RENDERER.submit(run_dir, reconcile_from=lambda: events)
             return
         try:
             with views_lock(run_dir):

@@ -102,7 +102,7 @@ class MemoryStore(Store):
         with self._space.lock:
             return list(self._space.journals.get(run_id, ()))
 
-    def append(self, run_id: str, lines: Sequence[str], *, lease: Lease, seq: int) -> None:
+    def append(self, run_id: str, lines: Sequence[str], *, lease: Lease, seq: int, sync: bool = True) -> None:
         with self._space.lock:
             if not lease.held:
                 lease.check()
