@@ -79,7 +79,7 @@ class GCSStore(ObstoreObjects):
         from obstore.store import GCSStore as ObstoreGCS
 
         options = dict(config.pop("client_options", {}) or {})
-        url = config.get("url") or config.get("google_service_url") or ""
+        url = config.get("base_url") or ""
         if str(url).startswith("http://"):
             options.setdefault("allow_http", True)
         super().__init__(ObstoreGCS(bucket, prefix=prefix, client_options=options or None, **config),

@@ -231,6 +231,12 @@ class DurableAgent:
         }
 
     @staticmethod
+    def outputs_of(ckpt: bytes) -> list[Any]:
+        """A checkpoint's step outputs (None for steps not run), read without a runtime."""
+        header = _decode(ckpt).header
+        return [header["values"].get(step_id(i)) for i in range(header["steps"])]
+
+    @staticmethod
     def fork(ckpt: bytes, node_id: str, value: Any) -> bytes:
         """A new checkpoint with ``node_id`` set to ``value`` and everything downstream of it undone."""
         data = _decode(ckpt)

@@ -22,6 +22,14 @@ def _obstore():
     return obstore, exceptions
 
 
+class _Missing(Exception):
+    pass
+
+
+class _Exists(Exception):
+    pass
+
+
 class ObstoreObjects(ObjectStore):
     """Objects in any obstore store (``obstore.store.S3Store(...)``, ``GCSStore``, ``MemoryStore``...)."""
 
@@ -30,12 +38,15 @@ class ObstoreObjects(ObjectStore):
         self.description = description or repr(store)
 
     def _call(self, fn, *args, **kwargs):
+        """Run an obstore call, mapping its errors (obstore raises both its own and builtin ones)."""
         _, exc = _obstore()
         try:
             return fn(*args, **kwargs)
-        except (exc.NotFoundError, exc.AlreadyExistsError, exc.PreconditionError):
-            raise
-        except exc.BaseError as error:
+        except (exc.NotFoundError, FileNotFoundError):
+            raise _Missing from None
+        except (exc.AlreadyExistsError, exc.PreconditionError, FileExistsError):
+            raise _Exists from None
+        except (exc.BaseError, OSError) as error:
             raise StoreUnavailable(f"object store {self.description} failed: {error}; check the endpoint, bucket and "
                                    "credentials", url=self.description) from error
 
@@ -44,40 +55,46 @@ class ObstoreObjects(ObjectStore):
         self._call(obs.put, self.store, self.check_key(key), bytes(data))
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
-        obs, exc = _obstore()
+        obs, _ = _obstore()
         try:
             self._call(obs.put, self.store, self.check_key(key), bytes(data), mode="create")
-        except (exc.AlreadyExistsError, exc.PreconditionError):
+        except _Exists:
             return False
         return True
 
     def get(self, key: str) -> bytes:
-        obs, exc = _obstore()
+        obs, _ = _obstore()
         try:
             return bytes(self._call(obs.get, self.store, key).bytes())
-        except exc.NotFoundError:
+        except _Missing:
             raise self._missing(key) from None
 
     def exists(self, key: str) -> bool:
-        obs, exc = _obstore()
+        obs, _ = _obstore()
         try:
             self._call(obs.head, self.store, key)
-        except exc.NotFoundError:
+        except _Missing:
             return False
         return True
 
     def list(self, prefix: str = "") -> list[str]:
         obs, _ = _obstore()
         keys: list[str] = []
-        for batch in self._call(obs.list, self.store, prefix=prefix or None):
-            keys.extend(meta["path"] for meta in batch)
+        try:
+            for batch in self._call(obs.list, self.store, prefix=prefix or None):
+                keys.extend(meta["path"] for meta in batch)
+        except _Missing:
+            return []
         return sorted(k for k in keys if k.startswith(prefix))
 
     def delete(self, key: str) -> bool:
         obs, _ = _obstore()
         if not self.exists(key):
             return False
-        self._call(obs.delete, self.store, key)
+        try:
+            self._call(obs.delete, self.store, key)
+        except _Missing:
+            return False
         return True
 
     def __repr__(self) -> str:

@@ -1,7 +1,8 @@
 """The store conformance suite: the same behaviour checked on every backend.
 
 Subclass ``StoreConformance`` in a test module and provide a ``store`` fixture that yields a
-fresh, empty store; pytest then runs every case below against it::
+fresh, empty store (or ``ObjectStoreConformance`` with an ``objects`` fixture for an object face
+alone, such as a checkpoint store); pytest then runs every case below against it::
 
     class TestMyStore(StoreConformance):
         @pytest.fixture
@@ -22,9 +23,9 @@ import pytest
 
 from .. import journal
 from ..errors import JournalCorruptionError, LeaseLost, ObjectNotFound, RunLocked
-from ..stores.base import Store
+from ..stores.base import ObjectStore, Store
 
-__all__ = ["StoreConformance", "journal_machine", "make_lines"]
+__all__ = ["ObjectStoreConformance", "StoreConformance", "journal_machine", "make_lines"]
 
 
 def make_lines(run_id: str, count: int, tail: journal.Tail | None = None, **fields) -> tuple[list[str], journal.Tail]:
@@ -33,8 +34,67 @@ def make_lines(run_id: str, count: int, tail: journal.Tail | None = None, **fiel
     return lines, new_tail
 
 
-class StoreConformance:
+class ObjectStoreConformance:
+    """Behaviour every object face must have: write-once ``put_if_absent``, atomic reads, listing."""
+
+    def test_objects_put_get_exists_delete(self, objects: ObjectStore) -> None:
+        key = f"ckpt/{uuid.uuid4().hex}/a.bin"
+        assert not objects.exists(key)
+        objects.put(key, b"\x00\x01binary\xff")
+        assert objects.exists(key)
+        assert objects.get(key) == b"\x00\x01binary\xff"
+        objects.put(key, b"v2")
+        assert objects.get(key) == b"v2"
+        assert objects.delete(key) is True
+        assert objects.delete(key) is False
+        with pytest.raises(ObjectNotFound):
+            objects.get(key)
+        with pytest.raises(KeyError):
+            objects.get(key)
+
+    def test_objects_put_if_absent_is_write_once(self, objects: ObjectStore) -> None:
+        key = f"once/{uuid.uuid4().hex}"
+        assert objects.put_if_absent(key, b"first") is True
+        assert objects.put_if_absent(key, b"second") is False
+        assert objects.get(key) == b"first"
+
+    def test_objects_put_if_absent_has_one_winner_under_contention(self, objects: ObjectStore) -> None:
+        key = f"race/{uuid.uuid4().hex}"
+        wins: list[bytes] = []
+        barrier = threading.Barrier(8)
+
+        def contend(i: int) -> None:
+            barrier.wait()
+            if objects.put_if_absent(key, f"writer {i}".encode()):
+                wins.append(f"writer {i}".encode())
+
+        threads = [threading.Thread(target=contend, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(wins) == 1
+        assert objects.get(key) == wins[0]
+
+    def test_objects_list_by_prefix_sorted(self, objects: ObjectStore) -> None:
+        base = f"l{uuid.uuid4().hex[:6]}"
+        for name in ("b", "a", "sub/c", "sub/d"):
+            objects.put(f"{base}/{name}", name.encode())
+        assert objects.list(f"{base}/") == [f"{base}/{n}" for n in ("a", "b", "sub/c", "sub/d")]
+        assert objects.list(f"{base}/sub/") == [f"{base}/sub/c", f"{base}/sub/d"]
+
+    @pytest.mark.parametrize("key", ["", "/abs", "a/../b", "a//b"])
+    def test_objects_reject_bad_keys(self, objects: ObjectStore, key: str) -> None:
+        with pytest.raises(ValueError):
+            objects.put(key, b"x")
+
+
+class StoreConformance(ObjectStoreConformance):
     """Behaviour every ``Store`` backend must have (journal face and object face)."""
+
+    @pytest.fixture
+    def objects(self, store: Store) -> ObjectStore:
+        return store.objects
 
     @pytest.fixture
     def run_id(self) -> str:
@@ -120,60 +180,6 @@ class StoreConformance:
         with pytest.raises(JournalCorruptionError) as info:
             store.events(run_id)
         assert info.value.line == 3  # line 3 no longer chains to the edited line 2
-
-    # ---- object face --------------------------------------------------------------------
-    def test_objects_put_get_exists_delete(self, store: Store) -> None:
-        objects = store.objects
-        key = f"ckpt/{uuid.uuid4().hex}/a.bin"
-        assert not objects.exists(key)
-        objects.put(key, b"\x00\x01binary\xff")
-        assert objects.exists(key)
-        assert objects.get(key) == b"\x00\x01binary\xff"
-        objects.put(key, b"v2")
-        assert objects.get(key) == b"v2"
-        assert objects.delete(key) is True
-        assert objects.delete(key) is False
-        with pytest.raises(ObjectNotFound):
-            objects.get(key)
-        with pytest.raises(KeyError):
-            objects.get(key)
-
-    def test_objects_put_if_absent_is_write_once(self, store: Store) -> None:
-        key = f"once/{uuid.uuid4().hex}"
-        assert store.objects.put_if_absent(key, b"first") is True
-        assert store.objects.put_if_absent(key, b"second") is False
-        assert store.objects.get(key) == b"first"
-
-    def test_objects_put_if_absent_has_one_winner_under_contention(self, store: Store) -> None:
-        key = f"race/{uuid.uuid4().hex}"
-        wins: list[bytes] = []
-        barrier = threading.Barrier(8)
-
-        def contend(i: int) -> None:
-            barrier.wait()
-            if store.objects.put_if_absent(key, f"writer {i}".encode()):
-                wins.append(f"writer {i}".encode())
-
-        threads = [threading.Thread(target=contend, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        assert len(wins) == 1
-        assert store.objects.get(key) == wins[0]
-
-    def test_objects_list_by_prefix_sorted(self, store: Store) -> None:
-        base = f"l{uuid.uuid4().hex[:6]}"
-        for name in ("b", "a", "sub/c", "sub/d"):
-            store.objects.put(f"{base}/{name}", name.encode())
-        assert store.objects.list(f"{base}/") == [f"{base}/{n}" for n in ("a", "b", "sub/c", "sub/d")]
-        assert store.objects.list(f"{base}/sub/") == [f"{base}/sub/c", f"{base}/sub/d"]
-
-    @pytest.mark.parametrize("key", ["", "/abs", "a/../b", "a//b"])
-    def test_objects_reject_bad_keys(self, store: Store, key: str) -> None:
-        with pytest.raises(ValueError):
-            store.objects.put(key, b"x")
-
 
 def journal_machine(make_store: Callable[[], Store]):
     """A Hypothesis RuleBasedStateMachine checking a store's journal against a list model."""
