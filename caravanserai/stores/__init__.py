@@ -6,6 +6,8 @@ URL                                    backend                         install
 ``./.caravanserai``, ``/path``,        local directory (default)       core
 ``file:///path``
 ``memory://name``                      in-process                      core
+``sqlite:///path.db``                  SQLite (WAL, synchronous=FULL)  core
+``postgresql://user@host/db``          PostgreSQL (psycopg 3)          ``[postgres]``
 =====================================  ==============================  ==========================
 
 Further schemes (``sqlite``, ``postgresql``, ``s3``/``gs``/``az``, ``http(s)``) register here as
@@ -43,6 +45,9 @@ ENV_VAR = "CARAVANSERAI_STORE"
 _SCHEMES: dict[str, tuple[str, str, str | None]] = {
     "file": ("caravanserai.stores.local", "LocalStore", None),
     "memory": ("caravanserai.stores.memory", "MemoryStore", None),
+    "sqlite": ("caravanserai.stores.sql", "SqliteStore", None),
+    "postgresql": ("caravanserai.stores.postgres", "PostgresStore", "postgres"),
+    "postgres": ("caravanserai.stores.postgres", "PostgresStore", "postgres"),
 }
 
 StoreLike = Union[Store, str, os.PathLike, None]

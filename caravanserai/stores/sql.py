@@ -1,0 +1,339 @@
+"""SQL stores: ``SqlDurableStore`` over one ``exec(sql, params)`` callable, for SQLite and PostgreSQL.
+
+The whole database dependency is ``exec(query, params)`` returning rows (sync or async), the
+shape every driver already has; ``dialect`` picks the placeholders (``?`` for sqlite, ``$1..$n``
+for postgres) and the clock expression. Three tables (``SqlDurableStore.schema(dialect)`` returns
+the DDL; the store never creates or drops tables unless asked with ``create_schema=True``):
+
+- ``<table>`` — journal chunks: one row per append, primary key (run_id, chunk);
+- ``<table>_leases`` — one lease row per run: holder, fencing token, expiry (database clock, ms);
+- ``<table>_objects`` — the object face: key, bytes.
+
+Appends are fenced in the statement itself: the chunk is inserted only ``WHERE EXISTS`` a lease
+row with this writer's token that has not expired by the database's clock, so a writer paused past
+its lease (or cut off) cannot append, whatever its own clock says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import re
+import threading
+import time
+import uuid
+from typing import Any, Callable, Sequence
+
+from ..errors import LeaseLost, RunLocked, StoreUnavailable
+from .base import ObjectStore, Store, describe_holder, holder_info
+from .leases import MIN_TTL, ExpiringLease
+
+DEFAULT_TABLE = "caravanserai_durable_journal"
+_NOW = {
+    "sqlite": "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)",
+    "postgres": "(extract(epoch from clock_timestamp()) * 1000)::bigint",
+}
+_BLOB = {"sqlite": "BLOB", "postgres": "BYTEA"}
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+
+
+class _AsyncRunner:
+    """Runs an async ``exec`` to completion from synchronous code (one private event loop thread)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="caravanserai-sql-async", daemon=True).start()
+
+    def run(self, awaitable: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(_await(awaitable), self.loop).result()
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+class SqlLease(ExpiringLease):
+    def __init__(self, store: "SqlDurableStore", run_id: str, token: int, holder: dict, ttl: float, started: float,
+                 next_chunk: int, next_seq: int) -> None:
+        self.next_chunk = next_chunk
+        self.next_seq = next_seq
+        super().__init__(store, run_id, token, holder, ttl, started=started)
+
+    def _renew(self) -> None:
+        rows = self.store._q("renew", (self.store.ttl_ms, self.run_id, self.token))
+        if not rows:
+            raise LeaseLost(f"run {self.run_id!r}: the lease row no longer carries token {self.token} (taken over or expired)",
+                            run_id=self.run_id)
+
+    def _release_remote(self) -> None:
+        self.store._q("release", (self.run_id, self.token))
+
+
+class SqlObjects(ObjectStore):
+    def __init__(self, store: "SqlDurableStore") -> None:
+        self.store = store
+
+    def put(self, key: str, data: bytes) -> None:
+        self.store._q("put", (self.check_key(key), bytes(data)))
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        return bool(self.store._q("put_if_absent", (self.check_key(key), bytes(data))))
+
+    def get(self, key: str) -> bytes:
+        rows = self.store._q("get", (key,))
+        if not rows:
+            raise self._missing(key)
+        return bytes(rows[0][0])
+
+    def exists(self, key: str) -> bool:
+        return bool(self.store._q("exists", (key,)))
+
+    def list(self, prefix: str = "") -> list[str]:
+        rows = self.store._q("list_prefix", (prefix, prefix + "\U0010ffff")) if prefix else self.store._q("list_objects", ())
+        return sorted(r[0] for r in rows if r[0].startswith(prefix))
+
+    def delete(self, key: str) -> bool:
+        return bool(self.store._q("delete", (key,)))
+
+    def __repr__(self) -> str:
+        return f"SqlObjects({self.store.url})"
+
+
+class SqlDurableStore(Store):
+    """A journal and objects in SQL tables reached through one ``exec(sql, params)``."""
+
+    scheme = "sql"
+
+    def __init__(self, sql: Any, dialect: str = "sqlite", table: str = DEFAULT_TABLE, *, lease_ttl_ms: int = 30_000,
+                 url: str | None = None, create_schema: bool = False, background_renew: bool = True) -> None:
+        if dialect not in _NOW:
+            raise ValueError(f"dialect must be 'sqlite' or 'postgres', got {dialect!r}")
+        if not _IDENT.fullmatch(table):
+            raise ValueError(f"table name {table!r} must be a plain SQL identifier")
+        if lease_ttl_ms < MIN_TTL * 1000:
+            raise ValueError(f"lease_ttl_ms must be at least {int(MIN_TTL * 1000)}")
+        fn = sql if callable(sql) else getattr(sql, "exec", None) or (sql.get("exec") if isinstance(sql, dict) else None)
+        if not callable(fn):
+            raise TypeError("sql must be exec(query, params) -> rows, or an object/dict with such an 'exec'")
+        self._exec = fn
+        self.dialect = dialect
+        self.table = table
+        self.ttl_ms = int(lease_ttl_ms)
+        self.url = url or f"sql+{dialect}://{table}"
+        self.background_renew = background_renew
+        self._lock = threading.RLock()
+        self._async: _AsyncRunner | None = None
+        self._queries = _queries(dialect, table)
+        self._objects = SqlObjects(self)
+        if create_schema:
+            self.create_schema()
+
+    @staticmethod
+    def schema(dialect: str = "sqlite", table: str = DEFAULT_TABLE) -> str:
+        """The DDL to run once (the store never creates or drops tables unless asked)."""
+        if dialect not in _NOW or not _IDENT.fullmatch(table):
+            raise ValueError("schema(dialect in {'sqlite', 'postgres'}, table=<identifier>)")
+        blob = _BLOB[dialect]
+        return (
+            f"CREATE TABLE IF NOT EXISTS {table} (run_id TEXT NOT NULL, chunk BIGINT NOT NULL, seq BIGINT NOT NULL, "
+            f"token BIGINT NOT NULL, lines TEXT NOT NULL, PRIMARY KEY (run_id, chunk));\n"
+            f"CREATE TABLE IF NOT EXISTS {table}_leases (run_id TEXT PRIMARY KEY, holder TEXT NOT NULL, "
+            f"token BIGINT NOT NULL, expires_at BIGINT NOT NULL);\n"
+            f"CREATE TABLE IF NOT EXISTS {table}_objects (key TEXT PRIMARY KEY, data {blob} NOT NULL);\n"
+        )
+
+    def create_schema(self) -> None:
+        for statement in self.schema(self.dialect, self.table).split(";\n"):
+            if statement.strip():
+                self.exec(statement, ())
+
+    # ---- plumbing ------------------------------------------------------------------------
+    def exec(self, query: str, params: Sequence[Any]) -> list:
+        with self._lock:
+            try:
+                rows = self._exec(query, tuple(params))
+                if inspect.isawaitable(rows):
+                    self._async = self._async or _AsyncRunner()
+                    rows = self._async.run(rows)
+            except (RunLocked, LeaseLost):
+                raise
+            except Exception as exc:
+                if _is_conflict(exc):
+                    raise _Conflict(str(exc)) from exc
+                raise StoreUnavailable(f"SQL store {self.url} failed: {type(exc).__name__}: {exc}; check the database "
+                                       "connection and that the schema exists (SqlDurableStore.schema)", url=self.url) from exc
+        return list(rows or [])
+
+    def _q(self, name: str, params: Sequence[Any]) -> list:
+        return self.exec(self._queries[name], params)
+
+    # ---- journal face --------------------------------------------------------------------
+    def load(self, run_id: str) -> list[str]:
+        lines: list[str] = []
+        for (text,) in self._q("load", (run_id,)):
+            if text:
+                lines.extend(text.split("\n"))
+        return lines
+
+    def acquire(self, run_id: str) -> SqlLease:
+        started = time.monotonic()
+        holder = {**holder_info(), "lease": uuid.uuid4().hex}
+        rows = self._q("acquire", (run_id, _json(holder), self.ttl_ms))
+        if not rows:
+            current = self._q("holder", (run_id,))
+            raise RunLocked(f"run {run_id!r} is being written by {describe_holder(_parse(current[0][0]) if current else None)}; "
+                            "wait for its lease to expire or stop that process", run_id=run_id,
+                            holder=_parse(current[0][0]) if current else None)
+        token = int(rows[0][0])
+        holder["token"] = token
+        tail = self._q("tail", (run_id,))
+        next_chunk = int(tail[0][0]) if tail and tail[0][0] is not None else 0
+        next_seq = sum(len(t.split("\n")) for (t,) in self._q("load", (run_id,)) if t)
+        lease = SqlLease(self, run_id, token, holder, self.ttl_ms / 1000, started, next_chunk, next_seq)
+        if not self.background_renew:
+            lease._stop.set()
+        return lease
+
+    def append(self, run_id: str, lines: Sequence[str], *, lease: Any, seq: int, sync: bool = True) -> None:
+        assert isinstance(lease, SqlLease) and lease.run_id == run_id
+        lease.check()
+        if seq != lease.next_seq:
+            raise ValueError(f"append to run {run_id!r} at seq {seq}, but the journal's next seq is {lease.next_seq}")
+        try:
+            rows = self._q("append", (run_id, lease.next_chunk, seq, lease.token, "\n".join(lines), run_id, lease.token))
+        except _Conflict:
+            rows = []
+        if not rows:
+            lease._lost = "the database refused the append (fenced)"
+            raise LeaseLost(f"run {run_id!r}: the store refused this append: the lease (token {lease.token}) expired or "
+                            "was taken over by another writer; open the run again", run_id=run_id)
+        lease.next_chunk += 1
+        lease.next_seq += len(lines)
+
+    def list(self) -> list[str]:
+        return sorted(r[0] for r in self._q("list", ()))
+
+    def remove(self, run_id: str) -> bool:
+        live = self._q("live_holder", (run_id,))
+        if live:
+            raise RunLocked(f"run {run_id!r} is being written by {describe_holder(_parse(live[0][0]))}; stop it before "
+                            "cleaning", run_id=run_id, holder=_parse(live[0][0]))
+        existed = bool(self._q("remove", (run_id,)))
+        self._q("remove_lease", (run_id,))
+        return existed
+
+    @property
+    def objects(self) -> ObjectStore:
+        return self._objects
+
+
+class _Conflict(Exception):
+    """A unique-key violation (another writer's chunk, an existing object)."""
+
+
+def _is_conflict(exc: Exception) -> bool:
+    name = type(exc).__name__
+    return name in ("IntegrityError", "UniqueViolation") or "UNIQUE constraint" in str(exc)
+
+
+def _json(value: Any) -> str:
+    import json
+
+    return json.dumps(value, sort_keys=True)
+
+
+def _parse(text: str) -> dict | None:
+    import json
+
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _queries(dialect: str, t: str) -> dict[str, str]:
+    now = _NOW[dialect]
+    queries = {
+        "load": f"SELECT lines FROM {t} WHERE run_id = ? ORDER BY chunk",
+        "tail": f"SELECT MAX(chunk) + 1 FROM {t} WHERE run_id = ?",
+        "acquire": (f"INSERT INTO {t}_leases AS l (run_id, holder, token, expires_at) VALUES (?, ?, 1, {now} + ?) "
+                    f"ON CONFLICT (run_id) DO UPDATE SET holder = excluded.holder, token = l.token + 1, "
+                    f"expires_at = excluded.expires_at WHERE l.expires_at < {now} RETURNING token"),
+        "holder": f"SELECT holder FROM {t}_leases WHERE run_id = ?",
+        "live_holder": f"SELECT holder FROM {t}_leases WHERE run_id = ? AND expires_at > {now}",
+        "renew": (f"UPDATE {t}_leases SET expires_at = {now} + ? WHERE run_id = ? AND token = ? AND expires_at > {now} "
+                  "RETURNING token"),
+        "release": f"UPDATE {t}_leases SET expires_at = 0 WHERE run_id = ? AND token = ? RETURNING token",
+        "append": (f"INSERT INTO {t} (run_id, chunk, seq, token, lines) SELECT ?, ?, ?, ?, ? WHERE EXISTS "
+                   f"(SELECT 1 FROM {t}_leases WHERE run_id = ? AND token = ? AND expires_at > {now}) RETURNING chunk"),
+        "list": f"SELECT DISTINCT run_id FROM {t} ORDER BY run_id",
+        "remove": f"DELETE FROM {t} WHERE run_id = ? RETURNING chunk",
+        "remove_lease": f"DELETE FROM {t}_leases WHERE run_id = ? RETURNING run_id",
+        "put": (f"INSERT INTO {t}_objects (key, data) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET data = excluded.data "
+                "RETURNING key"),
+        "put_if_absent": f"INSERT INTO {t}_objects (key, data) VALUES (?, ?) ON CONFLICT (key) DO NOTHING RETURNING key",
+        "get": f"SELECT data FROM {t}_objects WHERE key = ?",
+        "exists": f"SELECT 1 FROM {t}_objects WHERE key = ?",
+        "list_objects": f"SELECT key FROM {t}_objects",
+        "list_prefix": f"SELECT key FROM {t}_objects WHERE key >= ? AND key < ?",
+        "delete": f"DELETE FROM {t}_objects WHERE key = ? RETURNING key",
+    }
+    if dialect == "postgres":
+        queries = {name: _dollar(q) for name, q in queries.items()}
+    return queries
+
+
+def _dollar(query: str) -> str:
+    counter = iter(range(1, 1000))
+    return re.sub(r"\?", lambda _: f"${next(counter)}", query)
+
+
+def sqlite_exec(path: str) -> Callable[[str, Sequence[Any]], list]:
+    """An ``exec`` on a SQLite file in WAL mode with ``synchronous=FULL`` (a commit is durable on return)."""
+    import sqlite3
+
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+    conn.execute("PRAGMA journal_mode=WAL")  # readers never block the writer; several processes share the file
+    conn.execute("PRAGMA synchronous=FULL")  # fsync the WAL at every commit: durable when append returns
+    conn.execute("PRAGMA busy_timeout=30000")  # wait for another process's transaction instead of failing
+
+    def run(query: str, params: Sequence[Any]) -> list:
+        return conn.execute(query, params).fetchall()
+
+    run.connection = conn  # type: ignore[attr-defined]
+    return run
+
+
+class SqliteStore(SqlDurableStore):
+    """``sqlite:///path.db``: an embedded store several local processes and kernels can share."""
+
+    scheme = "sqlite"
+
+    def __init__(self, path: str, *, table: str = DEFAULT_TABLE, lease_ttl_ms: int = 30_000) -> None:
+        import os
+
+        path = os.path.abspath(os.path.expanduser(path))
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        super().__init__(sqlite_exec(path), "sqlite", table, lease_ttl_ms=lease_ttl_ms, url=f"sqlite:///{path}",
+                         create_schema=True)
+        self.path = path
+
+    @classmethod
+    def from_url(cls, url: str) -> "SqliteStore":
+        from urllib.parse import parse_qs, urlsplit
+
+        parts = urlsplit(url)
+        path = parts.path if parts.netloc in ("", "localhost") else f"/{parts.netloc}{parts.path}"
+        options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        return cls(path, **_options(options, {"table": str, "lease_ttl_ms": int}, url))
+
+    def close(self) -> None:
+        self._exec.connection.close()  # type: ignore[attr-defined]
+
+
+def _options(given: dict[str, str], known: dict[str, type], url: str) -> dict[str, Any]:
+    unknown = set(given) - set(known)
+    if unknown:
+        raise ValueError(f"unknown option(s) {', '.join(sorted(unknown))} in {url!r}; known: {', '.join(sorted(known))}")
+    return {k: known[k](v) for k, v in given.items()}
