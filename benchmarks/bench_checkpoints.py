@@ -267,11 +267,15 @@ def build_big_log(root: Path, steps: int) -> dict:
         t_commit += time.perf_counter() - t1
         t_run += t1 - t0
         logical += len(blob)
+        if i == 0:
+            first = len(blob)
         ids.append(parent)
         if (i + 1) % every == 0 or i + 1 == steps:
             elapsed = time.perf_counter() - t_start
-            done = (i + 1) / steps
-            eta = elapsed * ((1 / done ** 2) - 1)   # each step costs O(N): roughly quadratic overall
+            # a step costs about its checkpoint's size, which grows linearly: extrapolate the bytes
+            slope = (len(blob) - first) / max(1, i)
+            rest = sum(first + slope * j for j in range(i + 1, steps))
+            eta = elapsed * rest / logical
             print(f"   built {i + 1:,}/{steps:,} steps in {elapsed:.0f} s "
                   f"(checkpoint {len(blob):,} B){'' if i + 1 == steps else f', ~{eta:.0f} s to go (rough)'}",
                   flush=True)
@@ -330,7 +334,7 @@ def fork_samples(store: LocalDirectoryStore, k: int, src: str, node: str, known:
     log = CheckpointLog(store, RUN_BIG)
     log.load(src)
     warm = []
-    for _ in range(n):
+    for _ in range(min(n, 3)):
         t0 = time.perf_counter()
         cid = log.fork(src, node, FORK_VALUE)
         warm.append(time.perf_counter() - t0)
@@ -394,7 +398,8 @@ def profile_call(label: str, fn: Callable[[], Any], out_dir: Path) -> dict:
     for suffix, func in KEY_FUNCS:
         hits = [r for r in rows if r["func"] == func and r["file"].endswith(suffix)]
         if hits:
-            key.append({"name": f"{suffix.replace('~', '')}:{func}".lstrip(":"), "calls": sum(h["calls"] for h in hits),
+            name = "os.fsync (all calls)" if func == "wrapper" else f"{suffix.replace('~', '')}:{func}".lstrip(":")
+            key.append({"name": name, "calls": sum(h["calls"] for h in hits),
                         "cum_ms": sum(h["cum_ms"] for h in hits), "own_ms": sum(h["own_ms"] for h in hits)})
     top_own = sorted(rows, key=lambda r: r["own_ms"], reverse=True)[:12]
     text = io.StringIO()
@@ -508,7 +513,7 @@ def main() -> int:
         agent = DurableAgent().begin(prompts(steps))   # only for prompt_node_ids, as a caller would
         result["fork"], result["resume"] = {}, {}
         for k in ks:
-            print(f"   fork at step {k:,} ({fork_n} fresh-log + {fork_n} warm samples) ...", flush=True)
+            print(f"   fork at step {k:,} ({fork_n} fresh-log + {min(fork_n, 3)} warm-log samples) ...", flush=True)
             result["fork"][str(k)] = fork_samples(store_big, k, ids[k], agent.prompt_node_ids[k], known, fork_n)
         for k in ks:
             print(f"   fork at step {k:,} + resume_from(load(forked)) for steps {k:,}..{steps - 1:,} ({resume_n} samples) ...", flush=True)
@@ -570,60 +575,58 @@ def main() -> int:
 def report(r: dict, steps: int, ks: tuple[int, int], small_steps: int) -> None:
     s = r["storage"]
     rows: list[tuple[str, str, str]] = []
-    rows.append((f"1. storage, {small_steps}-step run: {small_steps} full checkpoints (sum of bytes)", fmt_b(s["sum_full_checkpoints"]), ""))
+    rows.append((f"1. {small_steps} full checkpoints of a {small_steps}-step run (sum of bytes)", fmt_b(s["sum_full_checkpoints"]), ""))
     rows.append(("   log with parents: stored objects (sum of stored_bytes)", fmt_b(s["delta_log_objects"]),
-                 "LangGraph default ~510x logical (O(N^2)); DeltaChannel 9.3x"))
-    rows.append(("   ratio full / deltas (objects)", f"{s['ratio_objects']:.1f}x", ""))
-    rows.append(("   on disk incl. records: deltas / all-full log", f"{fmt_b(s['delta_log_disk']['apparent'])} / {fmt_b(s['full_log_disk']['apparent'])}",
-                 "LangGraph ~818 B (SQLite) / 927 B (PG) per ckpt"))
-    rows.append(("   ratio on disk: apparent / allocated (4 KB blocks)", f"{s['ratio_disk_apparent']:.1f}x / {s['ratio_disk_allocated']:.1f}x",
-                 "  for a ~110 B state; DBOS 379-522 B per step"))
-    rows.append(("   full objects in the delta log; median delta", f"{s['full_objects_in_delta_log']}; {fmt_b(s['delta_bytes_median'])}", ""))
+                 "LG default: 510x the logical bytes; DeltaChannel: 9.3x"))
+    rows.append(("   ratio full / log with parents (objects)", f"{s['ratio_objects']:.1f}x", ""))
+    rows.append(("   on disk incl. records: log with parents / all-full log",
+                 f"{fmt_b(s['delta_log_disk']['apparent'])} / {fmt_b(s['full_log_disk']['apparent'])}",
+                 "LG ~818 B (SQLite) / 927 B (PG) per ckpt of a ~110 B state"))
+    rows.append(("   ratio on disk: apparent / allocated (4 KB blocks)",
+                 f"{s['ratio_disk_apparent']:.1f}x / {s['ratio_disk_allocated']:.1f}x", "DBOS 379-522 B per recorded step"))
+    rows.append(("   full objects in the log; median delta object",
+                 f"{s['full_objects_in_delta_log']}; {fmt_b(s['delta_bytes_median'])}", ""))
     b = r["big_log"]
     if "disk" in b:
-        rows.append((f"   {steps:,}-step log on disk vs sum of full ckpts", f"{fmt_b(b['disk']['apparent'])} / {fmt_b(b['sum_full_checkpoints'])}", ""))
+        rows.append((f"   {steps:,}-step log on disk / sum of its full checkpoints",
+                     f"{fmt_b(b['disk']['apparent'])} / {fmt_b(b['sum_full_checkpoints'])}", ""))
     for name, label in (("load_small", f"{small_steps}-step log"), ("load_big", f"{steps:,}-step log, step")):
         for d, row in r[name].items():
             where = f"{label} {row['step']:,}" if name == "load_big" else label
             ctx = ""
-            if name == "load_small" and d == "1":
-                ctx = "LG get_state latest, 10k: 0.6-0.9 ms SQLite,"
-            elif name == "load_small":
-                ctx = "  2-6.7 ms PG; DeltaChannel get_state: 1.8-2.1 ms"
-            elif d == "1":
-                ctx = "  SQLite, 6.1-8.4 ms PG"
+            if name == "load_small":
+                ctx = ("LG get_state latest, 10k: 0.6-0.9 ms SQLite, 2-6.7 ms PG" if d == "1"
+                       else "LG DeltaChannel get_state: 1.8-2.1 ms SQLite, 6.1-8.4 ms PG")
             rows.append((f"2. load depth {d} ({where}, {fmt_b(row['checkpoint_bytes'])}), fresh log",
                          f"{fmt_t(row['fresh']['median'])}", ctx))
             rows.append((f"   load depth {d}, warm log (cache hit)", fmt_t(row["warm"]["median"]), ""))
     for k in ks:
         f = r["fork"][str(k)]
-        ctx = ""
-        if k == ks[0]:
-            ctx = "LangGraph update_state mid + 1 step, 10k: 2.3 ms SQLite,"
-        rows.append((f"3. fork at step {k:,} of {steps:,} (fresh log; source depth {f['source_depth']})", fmt_t(f["fresh"]["median"]), ctx))
-        if k == ks[0]:
-            ctx = "  4-38 ms PG (re-executes every later call)"
-        else:
-            ctx = "DBOS fork_workflow(step 9999)+finish, 10k: 2.7-2.9 s SQLite,"
-        rows.append((f"   min / max over {f['fresh']['n']}", f"{fmt_t(f['fresh']['min'])} / {fmt_t(f['fresh']['max'])}", ctx))
-        ctx = "  5.8-8.4 s PG (copies the rows, then replays)" if k == ks[1] else ""
-        rows.append(("   of which fsync (count, time)", f"{f['fsyncs']:.0f}, {fmt_t(f['fsync_s']['median'])}", ctx))
+        ctx = ("LG update_state (mid) + 1 step, 10k: 2.3 ms SQLite, 4-38 ms PG" if k == ks[0]
+               else "DBOS fork_workflow(9999)+finish: 2.7-2.9 s SQLite, 5.8-8.4 s PG")
+        rows.append((f"3. fork at step {k:,} of {steps:,} (fresh log; source depth {f['source_depth']})",
+                     fmt_t(f["fresh"]["median"]), ctx))
+        rows.append((f"   min / max over {f['fresh']['n']}", f"{fmt_t(f['fresh']['min'])} / {fmt_t(f['fresh']['max'])}", ""))
+        rows.append(("   of which fsync (count, time)", f"{f['fsyncs']:.0f}, {fmt_t(f['fsync_s']['median'])}", ""))
         rows.append(("   fork, warm log (source already loaded)", fmt_t(f["warm_source_cached"]["median"]), ""))
         rec = f["fork_record"]
         rows.append(("   fork stored as", f"{rec['kind']} depth {rec['depth']}, {fmt_b(rec['stored_bytes'])}", ""))
     for k in ks:
         rs = r["resume"][str(k)]
-        rows.append((f"   fork at {k:,} + load + resume {rs['steps_computed']:,} steps (total)", fmt_t(rs["total_s"]["median"]), ""))
-        rows.append(("     fork / load(forked) / resume_from", f"{fmt_t(rs['fork_s']['median'])} / {fmt_t(rs['load_s']['median'])} / {fmt_t(rs['resume_s']['median'])}",
-                     "" if rs["checks_ok"] else "CHECK FAILED"))
-    rows.append(("store write floor: put_if_absent(100 B)", fmt_t(r["store_write_floor"]["median"]), ""))
+        ctx = ("LG: re-executes every call after the fork" if k == ks[0]
+               else "DBOS: copies the earlier rows, then replays them")
+        rows.append((f"   fork at {k:,} + load + resume_from: {rs['steps_computed']:,} steps run", fmt_t(rs["total_s"]["median"]), ctx))
+        rows.append(("     fork / load(forked) / resume_from", f"{fmt_t(rs['fork_s']['median'])} / {fmt_t(rs['load_s']['median'])} / "
+                     f"{fmt_t(rs['resume_s']['median'])}", "" if rs["checks_ok"] else "CHECK FAILED (see JSON)"))
+    rows.append(("store write floor: put_if_absent(100 B), fsync'd", fmt_t(r["store_write_floor"]["median"]), ""))
     if "disk" in b:
         rows.append((f"build of the {steps:,}-step log (run_until_step + commit)", f"{b['build_s']:.1f} s", ""))
 
     w0 = max(len(x[0]) for x in rows)
     w1 = max(max(len(x[1]) for x in rows), 8)
-    w2 = max(len(x[2]) for x in rows)
-    print(f"\n| {'metric':<{w0}} | {'ours':>{w1}} | {'peers (' + PEERS_DOC.rsplit('/', 1)[1] + ', quoted, not re-measured)':<{w2}} |")
+    head = "peers (durable-peers.md, quoted, not re-measured)"
+    w2 = max(max(len(x[2]) for x in rows), len(head))
+    print(f"\n| {'metric':<{w0}} | {'ours':>{w1}} | {head:<{w2}} |")
     print(f"|{'-' * (w0 + 2)}|{'-' * (w1 + 2)}|{'-' * (w2 + 2)}|")
     for a, bb, c in rows:
         print(f"| {a:<{w0}} | {bb:>{w1}} | {c:<{w2}} |")

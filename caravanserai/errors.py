@@ -27,6 +27,8 @@ The tree::
     ├── BudgetExceeded                (budget_exceeded)       a call would exceed the run's budget; not sent
     ├── DurableOptionConflict         (durable_option_conflict) durable runs take budget=, not max_cost_usd=
     ├── ModelNotConfigured            (model_not_configured)  auto() found no model in the environment
+    ├── ObjectConditionalPutRequired  (durable_object_conditional_put_required) object-store leases need conditional puts
+    ├── ObjectLeaseTtlInvalid         (durable_object_lease_ttl_invalid) lease_ttl_ms below 3000
     ├── CheckpointFormatError         (checkpoint_format)     not a checkpoint this version can read
     ├── CheckpointCorruptionError     (checkpoint_corruption) damaged checkpoint bytes, or an id that does not match
     └── ModelError                    (model_error)           the model server failed (unreachable, status, body)
@@ -59,6 +61,8 @@ __all__ = [
     "MissingExtra",
     "ModelError",
     "ModelNotConfigured",
+    "ObjectConditionalPutRequired",
+    "ObjectLeaseTtlInvalid",
     "ObjectNotFound",
     "ResumeError",
     "RunLocked",
@@ -220,3 +224,11 @@ class CheckpointFormatError(CaravanseraiError, ValueError):
 
 class CheckpointCorruptionError(CaravanseraiError):
     code = "checkpoint_corruption"
+
+
+class ObjectConditionalPutRequired(CaravanseraiError):
+    code = "durable_object_conditional_put_required"
+
+
+class ObjectLeaseTtlInvalid(CaravanseraiError, ValueError):
+    code = "durable_object_lease_ttl_invalid"

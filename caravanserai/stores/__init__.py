@@ -8,6 +8,8 @@ URL                                    backend                         install
 ``memory://name``                      in-process                      core
 ``sqlite:///path.db``                  SQLite (WAL, synchronous=FULL)  core
 ``postgresql://user@host/db``          PostgreSQL (psycopg 3)          ``[postgres]``
+``s3://bucket/prefix``, ``gs://``,     object storage (obstore)        ``[s3]``
+``az://``
 =====================================  ==============================  ==========================
 
 Further schemes (``sqlite``, ``postgresql``, ``s3``/``gs``/``az``, ``http(s)``) register here as
@@ -48,6 +50,9 @@ _SCHEMES: dict[str, tuple[str, str, str | None]] = {
     "sqlite": ("caravanserai.stores.sql", "SqliteStore", None),
     "postgresql": ("caravanserai.stores.postgres", "PostgresStore", "postgres"),
     "postgres": ("caravanserai.stores.postgres", "PostgresStore", "postgres"),
+    "s3": ("caravanserai.stores.objects", "ObjectDurableStore", "s3"),
+    "gs": ("caravanserai.stores.objects", "ObjectDurableStore", "s3"),
+    "az": ("caravanserai.stores.objects", "ObjectDurableStore", "s3"),
 }
 
 StoreLike = Union[Store, str, os.PathLike, None]

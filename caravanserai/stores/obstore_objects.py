@@ -79,10 +79,11 @@ class ObstoreObjects(ObjectStore):
 
     def list(self, prefix: str = "") -> list[str]:
         obs, _ = _obstore()
-        keys: list[str] = []
+        def collect() -> list[str]:  # the listing streams: errors surface while iterating
+            return [meta["path"] for batch in obs.list(self.store, prefix=prefix or None) for meta in batch]
+
         try:
-            for batch in self._call(obs.list, self.store, prefix=prefix or None):
-                keys.extend(meta["path"] for meta in batch)
+            keys = self._call(collect)
         except _Missing:
             return []
         return sorted(k for k in keys if k.startswith(prefix))

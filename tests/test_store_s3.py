@@ -1,0 +1,105 @@
+"""Object storage as a journal store: the conformance suite on a real local S3 server (moto),
+the seed's adapter contract, and the errors it names."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from caravanserai import LeaseLost, ObjectConditionalPutRequired, ObjectLeaseTtlInvalid, RunLocked, open_store
+from caravanserai.stores.objects import ObjectDurableStore, ObstoreStorage
+from caravanserai.testing import StoreConformance, journal_machine, make_lines
+from conftest import need
+from servers import s3_server
+
+
+@pytest.fixture(scope="module")
+def s3():
+    need(s3_server.available(), "moto server not installed: pip install 'moto[server]'")
+    server = s3_server.S3Server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _url(s3, ttl_ms: int = 3000) -> str:
+    bucket = f"runs-{uuid.uuid4().hex[:10]}"
+    s3.create_bucket(bucket)
+    return (f"s3://{bucket}/team?endpoint={s3.endpoint}&region=us-east-1&access_key_id=testing"
+            f"&secret_access_key=testing&lease_ttl_ms={ttl_ms}")
+
+
+class TestS3Store(StoreConformance):
+    @pytest.fixture
+    def store(self, s3):
+        return open_store(_url(s3))
+
+
+def test_journal_state_machine(s3):
+    from hypothesis import settings
+
+    machine = journal_machine(lambda: open_store(_url(s3)))
+    machine.TestCase.settings = settings(max_examples=10, stateful_step_count=10, deadline=None)
+    machine.TestCase().runTest()
+
+
+def test_keys_land_under_the_prefix(s3):
+    url = _url(s3)
+    store = open_store(url)
+    lines, _ = make_lines("r", 2)
+    with store.acquire("r") as lease:
+        store.append("r", lines, lease=lease, seq=0)
+    keys = store.storage.list("")
+    assert keys and all(k.startswith("team/") for k in keys)
+    assert any(k.startswith("team/leases/r") for k in keys) and any(k.startswith("team/journal/r/") for k in keys)
+
+
+def test_errors_named_by_the_seed(s3):
+    storage = open_store(_url(s3)).storage
+    with pytest.raises(ObjectLeaseTtlInvalid, match="at least 3000ms"):
+        ObjectDurableStore(storage, conditional_put=True, lease_ttl_ms=2999)
+    plain = ObjectDurableStore(storage)  # conditional_put not declared
+    with pytest.raises(ObjectConditionalPutRequired) as info:
+        plain.acquire("r")
+    assert info.value.code == "durable_object_conditional_put_required"
+
+
+def test_fenced_off_writer_collides_instead_of_overwriting(s3):
+    url = _url(s3)
+    a, b = open_store(url), ObjectDurableStore(open_store(url).storage, conditional_put=True, lease_ttl_ms=3000,
+                                               prefix="team/")
+    lease_a = a.acquire("r")
+    lease_a._stop.set()  # A is paused: no renewals
+    lines, tail = make_lines("r", 1)
+    a.append("r", lines, lease=lease_a, seq=0)
+    with pytest.raises(RunLocked):
+        b.acquire("r")
+    time.sleep(3.2)
+    lease_b = b.acquire("r")  # takes over and fences
+    assert lease_b.token == lease_a.token + 1
+    more, _ = make_lines("r", 1, tail)
+    lease_a._deadline = time.monotonic() + 60  # even if A still trusted its clock...
+    with pytest.raises(LeaseLost, match="fenced"):
+        a.append("r", more, lease=lease_a, seq=1)  # ...its chunk key is taken: refused, not overwritten
+    b.append("r", more, lease=lease_b, seq=1)
+    assert b.load("r") == lines + more
+    lease_b.release()
+
+
+def test_unreachable_endpoint_is_store_unavailable():
+    import socket
+
+    from caravanserai import StoreUnavailable
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = open_store(f"s3://nowhere/x?endpoint=http://127.0.0.1:{port}&region=us-east-1&access_key_id=a"
+                       "&secret_access_key=b")
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable, match="failed"):
+        store.load("r")
+    assert time.monotonic() - started < 60
