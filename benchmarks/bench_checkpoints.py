@@ -1,7 +1,7 @@
 """CheckpointLog on the real disk: delta storage, load by chain depth, fork cost at step k of 10,000.
 
-    python benchmarks/bench_checkpoints.py            # full: builds a 10,000-step log (~25-35 min on 2 vCPU)
-    python benchmarks/bench_checkpoints.py --quick    # a 1,000-step log (~1-2 min)
+    python benchmarks/bench_checkpoints.py            # full: builds a 10,000-step log (~35-45 min on 2 vCPU)
+    python benchmarks/bench_checkpoints.py --quick    # a 1,000-step log (~1 min)
 
 Everything runs in this process, against ``LocalDirectoryStore`` in a fresh ``bench-ckpt-XXXX``
 next to the repo (the real disk, not tmpfs; ``--dir`` moves it), deleted afterwards (``--keep``).
@@ -14,7 +14,8 @@ next to the repo (the real disk, not tmpfs; ``--dir`` moves it), deleted afterwa
 2. **Load by chain depth.** ``log.load(id)`` at depth 1 and depth 16, each sample with a FRESH
    ``CheckpointLog`` (its in-memory cache cannot help; the OS page cache is warm), and with a warm
    log (same object, id already loaded). On the 50-step log and near the end of the big log.
-3. **Fork at step k of an N-step log** (N = 10,000; 1,000 with ``--quick``). The log is built once
+3. **Fork at step k of an N-step log** (N = 10,000; 1,000 with ``--quick``; prompts
+   ``"prompt {i}"``, so the last checkpoint is ~20 MB, mostly fake KV). The log is built once
    (``run_until_step(i)`` + ``commit(ckpt, parent, step=i)`` for every step) and reused by every
    sample. ``log.fork(id_at_step_k, agent.prompt_node_ids[k], "new prompt")`` is timed with a fresh
    log per sample at k = 10 and k = N-10; the fork's object and record are deleted after each
@@ -86,7 +87,19 @@ SAME_RATIO = 1.5         # "the same at both positions": slower median / faster 
 
 
 def prompts(n: int) -> list[str]:
+    """The 50-step storage/load run: ~70-character prompts."""
     return [f"Step {i}: read the notes so far, then write the next finding in one line." for i in range(n)]
+
+
+def short_prompts(n: int) -> list[str]:
+    """The big log: short prompts, so the 10,000-step checkpoint stays ~20 MB (the fake backend keeps
+    64 B of KV per context token, so a step costs ~1.9 KB of KV) and building the log stays ~25 min."""
+    return [f"prompt {i}" for i in range(n)]
+
+
+def keep_sampling(done: int, n: int, spent: float, budget: float, at_least: int) -> bool:
+    """Take ``n`` samples, but stop after ``budget`` seconds once ``at_least`` are in."""
+    return done < n and (done < at_least or spent < budget)
 
 
 # ---- small helpers ---------------------------------------------------------------------------
@@ -254,7 +267,7 @@ def time_loads(store: LocalDirectoryStore, run_id: str, cid: str, fresh_n: int, 
 def build_big_log(root: Path, steps: int) -> dict:
     store = LocalDirectoryStore(root)
     log = CheckpointLog(store, RUN_BIG, max_chain=MAX_CHAIN)
-    agent = DurableAgent().begin(prompts(steps))
+    agent = DurableAgent().begin(short_prompts(steps))
     ids: list[str] = []
     parent, logical, t_run, t_commit = None, 0, 0.0, 0.0
     t_start = time.perf_counter()
@@ -289,7 +302,7 @@ def open_big_log(log_dir: Path, steps: int) -> tuple[dict, bool]:
     manifest = log_dir / "bench-manifest.json"
     if manifest.is_file():
         info = json.loads(manifest.read_text())
-        if info.get("steps") == steps and info.get("prompt0") == prompts(1)[0] and len(info.get("ids", [])) == steps:
+        if info.get("steps") == steps and info.get("prompt0") == short_prompts(1)[0] and len(info.get("ids", [])) == steps:
             store = LocalDirectoryStore(log_dir)
             known = set(info["ids"])
             probe = CheckpointLog(store, RUN_BIG)
@@ -307,14 +320,16 @@ def open_big_log(log_dir: Path, steps: int) -> tuple[dict, bool]:
     log_dir.mkdir(parents=True, exist_ok=True)
     info = build_big_log(log_dir, steps)
     info["built_utc"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    info["prompt0"] = prompts(1)[0]
+    info["prompt0"] = short_prompts(1)[0]
     manifest.write_text(json.dumps(info))
     return info, False
 
 
-def fork_samples(store: LocalDirectoryStore, k: int, src: str, node: str, known: set[str], n: int) -> dict:
+def fork_samples(store: LocalDirectoryStore, k: int, src: str, node: str, known: set[str], n: int,
+                 budget: float) -> dict:
     times, fsync_n, fsync_s, fresh_ids, stored = [], [], [], set(), []
-    for _ in range(n):
+    t_start = time.perf_counter()
+    while keep_sampling(len(times), n, time.perf_counter() - t_start, budget, 3):
         log = CheckpointLog(store, RUN_BIG)
         with FsyncDelta() as fs:
             t0 = time.perf_counter()
@@ -334,7 +349,8 @@ def fork_samples(store: LocalDirectoryStore, k: int, src: str, node: str, known:
     log = CheckpointLog(store, RUN_BIG)
     log.load(src)
     warm = []
-    for _ in range(min(n, 3)):
+    t_start = time.perf_counter()
+    while keep_sampling(len(warm), min(n, 3), time.perf_counter() - t_start, budget / 2, 1):
         t0 = time.perf_counter()
         cid = log.fork(src, node, FORK_VALUE)
         warm.append(time.perf_counter() - t0)
@@ -346,9 +362,10 @@ def fork_samples(store: LocalDirectoryStore, k: int, src: str, node: str, known:
 
 
 def resume_samples(store: LocalDirectoryStore, k: int, src: str, node: str, known: set[str], n: int,
-                   steps: int, original: list) -> dict:
-    rows = []
-    for _ in range(n):
+                   steps: int, original: list, budget: float) -> dict:
+    rows: list[dict] = []
+    t_start = time.perf_counter()
+    while keep_sampling(len(rows), n, time.perf_counter() - t_start, budget, 1):
         log = CheckpointLog(store, RUN_BIG)
         t0 = time.perf_counter()
         cid = log.fork(src, node, FORK_VALUE)
@@ -433,6 +450,9 @@ def main() -> int:
     ap.add_argument("--big-load-samples", type=int, help="loads per depth on the big log (default 7; 5 quick)")
     ap.add_argument("--fork-samples", type=int, help="fork samples per position (default 7; 5 quick)")
     ap.add_argument("--resume-samples", type=int, help="fork+resume samples per position (default 3; 2 quick)")
+    ap.add_argument("--budget", type=float, default=60.0,
+                    help="seconds per fork/resume measurement after its minimum samples (3 fresh forks, 1 warm, 1 resume); "
+                         "the fork at step 10 of 10,000 takes about a minute a sample")
     ap.add_argument("--dir", help="parent folder of the work dir (default: next to the repo, on the real disk)")
     ap.add_argument("--log-dir", help="keep the big log here and reuse it on the next run with the same --steps")
     ap.add_argument("--keep", action="store_true", help="leave the work dir in place")
@@ -467,6 +487,8 @@ def main() -> int:
                               "params": {"steps": steps, "small_steps": args.small_steps, "max_chain": MAX_CHAIN,
                                          "load_samples": load_n, "big_load_samples": big_load_n,
                                          "fork_samples": fork_n, "resume_samples": resume_n, "fork_value": FORK_VALUE,
+                                         "budget_s": args.budget, "small_prompt0": prompts(1)[0],
+                                         "big_prompt0": short_prompts(1)[0],
                                          "quick": args.quick, "target_ms": TARGET_MS, "same_ratio": SAME_RATIO}}
     try:
         floor_store = LocalDirectoryStore(work / "floor")
@@ -510,15 +532,17 @@ def main() -> int:
         print(f"   load at depth 1 / {MAX_CHAIN} near step {steps:,} ({big_load_n} fresh + {big_load_n} warm each) ...", flush=True)
         result["load_big"] = {str(d): time_loads(store_big, RUN_BIG, tail[d], big_load_n, big_load_n) for d in sorted(tail)}
 
-        agent = DurableAgent().begin(prompts(steps))   # only for prompt_node_ids, as a caller would
+        agent = DurableAgent().begin(short_prompts(steps))   # only for prompt_node_ids, as a caller would
         result["fork"], result["resume"] = {}, {}
         for k in ks:
-            print(f"   fork at step {k:,} ({fork_n} fresh-log + {min(fork_n, 3)} warm-log samples) ...", flush=True)
-            result["fork"][str(k)] = fork_samples(store_big, k, ids[k], agent.prompt_node_ids[k], known, fork_n)
+            print(f"   fork at step {k:,} (up to {fork_n} fresh-log + {min(fork_n, 3)} warm-log samples, "
+                  f"~{args.budget:.0f} s budget) ...", flush=True)
+            result["fork"][str(k)] = fork_samples(store_big, k, ids[k], agent.prompt_node_ids[k], known, fork_n, args.budget)
         for k in ks:
-            print(f"   fork at step {k:,} + resume_from(load(forked)) for steps {k:,}..{steps - 1:,} ({resume_n} samples) ...", flush=True)
+            print(f"   fork at step {k:,} + resume_from(load(forked)) for steps {k:,}..{steps - 1:,} "
+                  f"(up to {resume_n} samples) ...", flush=True)
             result["resume"][str(k)] = resume_samples(store_big, k, ids[k], agent.prompt_node_ids[k], known, resume_n,
-                                                      steps, big["outputs"])
+                                                      steps, big["outputs"], args.budget)
 
         # ---- verdicts ------------------------------------------------------------------------
         f_lo, f_hi = (result["fork"][str(k)]["fresh"]["median"] for k in ks)
@@ -615,7 +639,8 @@ def report(r: dict, steps: int, ks: tuple[int, int], small_steps: int) -> None:
         rs = r["resume"][str(k)]
         ctx = ("LG: re-executes every call after the fork" if k == ks[0]
                else "DBOS: copies the earlier rows, then replays them")
-        rows.append((f"   fork at {k:,} + load + resume_from: {rs['steps_computed']:,} steps run", fmt_t(rs["total_s"]["median"]), ctx))
+        rows.append((f"   fork at {k:,} + load + resume_from: {rs['steps_computed']:,} steps run (n={rs['total_s']['n']})",
+                     fmt_t(rs["total_s"]["median"]), ctx))
         rows.append(("     fork / load(forked) / resume_from", f"{fmt_t(rs['fork_s']['median'])} / {fmt_t(rs['load_s']['median'])} / "
                      f"{fmt_t(rs['resume_s']['median'])}", "" if rs["checks_ok"] else "CHECK FAILED (see JSON)"))
     rows.append(("store write floor: put_if_absent(100 B), fsync'd", fmt_t(r["store_write_floor"]["median"]), ""))

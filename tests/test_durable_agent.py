@@ -133,6 +133,13 @@ def commit_chain(log: CheckpointLog, ckpts) -> list[str]:
     return ids
 
 
+def object_key(objects: CheckpointStore, run_id: str, cid: str) -> str:
+    """The key of checkpoint ``cid``'s stored object in a log (found by listing, not by assuming a layout)."""
+    keys = [k for k in objects.list(f"checkpoints/{run_id}/") if "/records/" not in k and k.rsplit("/", 1)[1].startswith(cid)]
+    assert len(keys) == 1, f"expected one stored object for {cid}, found {keys}"
+    return keys[0]
+
+
 def files_under(root: Path) -> list[str]:
     """Every file under ``root`` (dot files included), relative, sorted."""
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
@@ -525,6 +532,17 @@ def test_a_resume_whose_backend_cannot_be_built_leaves_the_agent_as_it_was(monke
     assert agent.run_until_step(3) == full_run(PROMPTS).checkpoint()
 
 
+def test_a_begin_whose_backend_cannot_be_built_leaves_the_agent_as_it_was(monkeypatch):
+    monkeypatch.delenv("VLLM_BASE_URL", raising=False)
+    agent = DurableAgent().begin(PROMPTS)
+    agent.run_until_step(0)
+    before = agent.checkpoint()
+    with pytest.raises(ModelError):
+        agent.begin(FORK_PROMPTS, model_id="vllm/gemma4")  # a server model, but no VLLM_BASE_URL
+    assert agent.checkpoint() == before
+    assert agent.run_until_step(3) == full_run(PROMPTS).checkpoint()
+
+
 # ---- 4. CheckpointLog -----------------------------------------------------------------------
 def test_log_bounds_delta_chains_and_writes_a_full_checkpoint_every_16_links(tmp_path):
     ckpts = long_run(40)
@@ -546,7 +564,7 @@ def test_log_bounds_delta_chains_and_writes_a_full_checkpoint_every_16_links(tmp
         assert record.parent == (ids[step - 1] if step else None)
         assert record.base == (None if record.kind == "full" else ids[step - 1])
         assert record.checkpoint_bytes == len(ckpts[step])
-        stored = store.get(f"checkpoints/long/objects/{cid}")
+        stored = store.get(object_key(store, "long", cid))
         assert len(stored) == record.stored_bytes
         if record.kind == "full":
             assert stored == ckpts[step]
@@ -578,7 +596,7 @@ def test_log_deltas_are_much_smaller_than_full_checkpoints(tmp_path):
     root = tmp_path / "ckpt"
     log = CheckpointLog(LocalDirectoryStore(root), "long")
     ids = commit_chain(log, ckpts)
-    on_disk = {cid: (root / "checkpoints" / "long" / "objects" / cid).stat().st_size for cid in ids}
+    on_disk = {cid: (root / object_key(log.objects, "long", cid)).stat().st_size for cid in ids}
     for step, cid in enumerate(ids):
         record = log.record(cid)
         if record.kind == "delta":
@@ -656,7 +674,7 @@ def test_a_flipped_byte_in_a_stored_delta_object_is_corruption(tmp_path):
     ckpts = long_run(40)[:8]
     root = tmp_path / "ckpt"
     ids = commit_chain(CheckpointLog(LocalDirectoryStore(root), "flip"), ckpts)
-    path = root / "checkpoints" / "flip" / "objects" / ids[5]
+    path = root / object_key(LocalDirectoryStore(root), "flip", ids[5])
     original = path.read_bytes()
     assert ckpt_format.decode(original).kind == ckpt_format.DELTA
     wrong = []
@@ -681,7 +699,7 @@ def test_a_flipped_byte_in_a_stored_full_object_is_corruption(tmp_path):
     ckpts = long_run(40)[:4]
     root = tmp_path / "ckpt"
     ids = commit_chain(CheckpointLog(LocalDirectoryStore(root), "flip"), ckpts)
-    path = root / "checkpoints" / "flip" / "objects" / ids[0]
+    path = root / object_key(LocalDirectoryStore(root), "flip", ids[0])
     original = path.read_bytes()
     for position in range(12, len(original), 53):  # bytes 0-11: the delta-object test
         path.write_bytes(flip(original, position))
@@ -746,7 +764,7 @@ def test_a_stored_delta_is_not_a_checkpoint_on_its_own(tmp_path):
     store = LocalDirectoryStore(tmp_path / "ckpt")
     log = CheckpointLog(store, "d")
     ids = commit_chain(log, ckpts)
-    delta = store.get(f"checkpoints/d/objects/{ids[2]}")
+    delta = store.get(object_key(store, "d", ids[2]))
     for action in (lambda: DurableAgent.inspect(delta), lambda: DurableAgent().resume_from(delta),
                    lambda: log.commit(delta)):
         with pytest.raises(CheckpointFormatError):
@@ -971,7 +989,7 @@ def test_checkpoint_log_round_trip_on_every_store(tmp_path, make):
     assert DurableAgent().resume_from(store=store, key="parked/step-2") == full_run(PROMPTS).step_outputs()
     assert objects.get("parked/step-2") == parked
     # a damaged stored delta is caught whatever the store
-    key = f"checkpoints/round-trip/objects/{ids[4]}"
+    key = object_key(objects, "round-trip", ids[4])
     good = objects.get(key)
     objects.put(key, flip(good, len(good) // 2))
     with pytest.raises(CheckpointCorruptionError):

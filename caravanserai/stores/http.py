@@ -1,0 +1,351 @@
+"""``http(s)://host:port/prefix``: a journal kept by a service you run (``caravanserai serve``).
+
+``HttpDurableStore`` implements both faces of ``Store`` over the wire protocol in
+``docs/http-protocol.md`` with httpx (``pip install 'caravanserai[http]'``):
+
+- the URL must be https outside localhost / 127.0.0.1 / ::1 (``HttpInsecure``), and a bearer
+  token is required (``HttpTokenRequired``); ``from_url`` reads it from ``?token=`` or
+  ``$CARAVANSERAI_HTTP_TOKEN``, and the token never appears in ``store.url`` or messages;
+- the run lock is an expiring lease (30 s by default, ``lock_ttl_ms``) renewed in the background
+  at a third of its length (``ExpiringLease``); the service fences appends by the lease token,
+  so a client paused past its lease cannot append after another took the run over;
+- every request has a timeout (``request_timeout_ms``, 10 s) and is retried with exponential
+  backoff on connection errors and 5xx answers (``retries``, 3), never on 4xx; mutating requests
+  carry an ``Idempotency-Key`` so a retried append or create is applied once. A service that
+  stays unreachable raises ``StoreUnavailable`` (nothing acknowledged is lost), a rejected
+  token ``HttpUnauthorized`` at once.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import random
+import time
+import uuid
+import weakref
+from typing import Any, Sequence
+from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
+
+from ..errors import (
+    CaravanseraiError,
+    InvalidRunId,
+    LeaseLost,
+    MissingExtra,
+    ObjectNotFound,
+    RunLocked,
+    StoreUnavailable,
+)
+from .base import Lease, ObjectStore, Store, holder_info
+from .leases import MIN_TTL, ExpiringLease
+
+__all__ = ["HttpDurableStore", "HttpInsecure", "HttpTokenRequired", "HttpUnauthorized", "TOKEN_ENV", "PROTOCOL"]
+
+TOKEN_ENV = "CARAVANSERAI_HTTP_TOKEN"
+PROTOCOL = 1  # the /v1 wire protocol (docs/http-protocol.md)
+LOOPBACK_NAMES = ("localhost",)
+
+
+# ---- errors (to move into caravanserai/errors.py) ----------------------------------------------
+class HttpInsecure(CaravanseraiError, ValueError):
+    """An ``http://`` journal URL for a host other than the loopback: tokens and journals would travel in clear."""
+
+    code = "durable_http_insecure"
+
+
+class HttpTokenRequired(CaravanseraiError, ValueError):
+    """The journal service needs a bearer token and none was given."""
+
+    code = "durable_http_token_required"
+
+
+class HttpUnauthorized(CaravanseraiError, PermissionError):
+    """The journal service refused the token (401/403); not retried."""
+
+    code = "durable_http_unauthorized"
+
+
+def _sleep(seconds: float) -> None:  # a seam for tests that count backoff
+    time.sleep(seconds)
+
+
+def is_loopback(host: str | None) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
+    if not host:
+        return False
+    host = host.strip("[]").lower()
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _import_httpx() -> Any:
+    try:
+        import httpx
+    except ImportError as exc:
+        raise MissingExtra("http(s):// stores need httpx: pip install 'caravanserai[http]'", scheme="http",
+                           extra="http") from exc
+    return httpx
+
+
+class _SeqMismatch(ValueError):
+    pass
+
+
+class HttpLease(ExpiringLease):
+    """The service's lease on one run: token, granted TTL, and where the next append goes."""
+
+    def __init__(self, store: "HttpDurableStore", run_id: str, token: int, holder: dict, ttl: float, started: float,
+                 next_seq: int, snapshot: list[str]) -> None:
+        self.next_seq = next_seq
+        self.snapshot: list[str] | None = snapshot
+        super().__init__(store, run_id, token, holder, ttl, started=started)
+
+    def _renew(self) -> None:
+        self.store._post(f"runs/{self.store._run(self.run_id)}/renew", {"token": self.token}, run_id=self.run_id)
+
+    def _release_remote(self) -> None:
+        # One attempt: a lease that is not released expires by itself.
+        self.store._post(f"runs/{self.store._run(self.run_id)}/release", {"token": self.token}, run_id=self.run_id,
+                         retries=0)
+
+
+class HttpObjects(ObjectStore):
+    def __init__(self, store: "HttpDurableStore") -> None:
+        self.store = store
+
+    def _path(self, key: str) -> str:
+        return "objects/" + quote(self.check_key(key), safe="/")
+
+    def put(self, key: str, data: bytes) -> None:
+        self.store._request("PUT", self._path(key), content=bytes(data), expect=(200, 201))
+
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        response = self.store._request("PUT", self._path(key), content=bytes(data), headers={"If-None-Match": "*"},
+                                       expect=(200, 201, 412))
+        return response.status_code != 412
+
+    def get(self, key: str) -> bytes:
+        response = self.store._request("GET", self._path(key), expect=(200, 404))
+        if response.status_code == 404:
+            raise self._missing(key)
+        return response.content
+
+    def exists(self, key: str) -> bool:
+        return self.store._request("HEAD", self._path(key), expect=(200, 404)).status_code == 200
+
+    def list(self, prefix: str = "") -> list[str]:
+        return sorted(self.store._request("GET", "objects", params={"prefix": prefix}).json()["keys"])
+
+    def delete(self, key: str) -> bool:
+        return bool(self.store._request("DELETE", self._path(key)).json()["deleted"])
+
+    def __repr__(self) -> str:
+        return f"HttpObjects({self.store.url!r})"
+
+
+class HttpDurableStore(Store):
+    """The journal and objects of a ``caravanserai serve`` service, over HTTP(S)."""
+
+    scheme = "http"
+
+    def __init__(self, url: str, token: str | None, *, lock_ttl_ms: int = 30_000, request_timeout_ms: int = 10_000,
+                 retries: int = 3, backoff_ms: int = 100, transport: Any = None) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"journal URL must look like https://host[:port][/prefix], got {url!r}")
+        if parts.username or parts.password:
+            raise ValueError("journal URL must not carry credentials; pass token= or set " + TOKEN_ENV)
+        base = urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
+        if parts.scheme != "https" and not is_loopback(parts.hostname):
+            raise HttpInsecure(f"journal URL must be https outside localhost: {base} would send the token and the "
+                               "journal in clear; use https:// (TLS in front of the service) or a loopback address",
+                               url=base)
+        if not token or not isinstance(token, str) or not token.strip():
+            raise HttpTokenRequired(f"the journal service at {base} needs a token: pass token=, add ?token= to the URL "
+                                    f"or set {TOKEN_ENV}", url=base)
+        if any(c in token for c in "\r\n\x00"):
+            raise ValueError("the journal token must be one line of printable text")
+        if lock_ttl_ms < MIN_TTL * 1000:
+            raise ValueError(f"lock_ttl_ms must be at least {int(MIN_TTL * 1000)}, got {lock_ttl_ms}")
+        if request_timeout_ms <= 0 or retries < 0 or backoff_ms < 0:
+            raise ValueError("request_timeout_ms must be > 0, retries and backoff_ms >= 0")
+        httpx = _import_httpx()
+        self._httpx = httpx
+        self.url = base
+        self.lock_ttl_ms = int(lock_ttl_ms)
+        self.request_timeout_ms = int(request_timeout_ms)
+        self.retries = int(retries)
+        self.backoff = backoff_ms / 1000
+        self._api = base + "/v1/"
+        self._client = httpx.Client(
+            headers={"Authorization": f"Bearer {token}", "User-Agent": "caravanserai-http-store"},
+            timeout=httpx.Timeout(request_timeout_ms / 1000), follow_redirects=False, transport=transport,
+        )
+        self._leases: "weakref.WeakSet[HttpLease]" = weakref.WeakSet()
+        self._objects = HttpObjects(self)
+        self._closed = False
+
+    @classmethod
+    def from_url(cls, url: str) -> "HttpDurableStore":
+        """``http(s)://host:port/prefix?token=…&lock_ttl_ms=…&request_timeout_ms=…&retries=…``."""
+        parts = urlsplit(url)
+        known = {"token": str, "lock_ttl_ms": int, "request_timeout_ms": int, "retries": int, "backoff_ms": int}
+        given = dict(parse_qsl(parts.query, keep_blank_values=True))
+        unknown = set(given) - set(known)
+        if unknown:
+            raise ValueError(f"unknown option(s) {', '.join(sorted(unknown))} in the journal URL; known: "
+                             f"{', '.join(sorted(known))}")
+        options = {k: known[k](v) for k, v in given.items()}
+        token = options.pop("token", None) or os.environ.get(TOKEN_ENV)
+        return cls(urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")), token, **options)
+
+    # ---- plumbing ------------------------------------------------------------------------
+    @staticmethod
+    def _run(run_id: str) -> str:
+        if not isinstance(run_id, str) or not run_id:
+            raise InvalidRunId(f"run id must be a non-empty str, got {run_id!r}", run_id=repr(run_id))
+        return quote(run_id, safe="")
+
+    def _request(self, method: str, path: str, *, json: Any = None, content: bytes | None = None,
+                 params: dict | None = None, headers: dict | None = None, expect: Sequence[int] = (200,),
+                 retries: int | None = None, run_id: str | None = None) -> Any:
+        """Send one logical request, retrying transport errors and 5xx; map error answers to our errors."""
+        if self._closed:
+            raise StoreUnavailable(f"the journal store {self.url} is closed; open it again", url=self.url)
+        httpx = self._httpx
+        headers = dict(headers or {})
+        if method not in ("GET", "HEAD"):
+            headers["Idempotency-Key"] = uuid.uuid4().hex  # one key for every retry of this call
+        attempts = 1 + (self.retries if retries is None else retries)
+        problem = ""
+        for attempt in range(attempts):
+            if attempt:
+                _sleep(self.backoff * (2 ** (attempt - 1)) * (0.5 + random.random() / 2))
+            try:
+                response = self._client.request(method, self.url + path if path.startswith("/") else self._api + path, json=json, content=content, params=params,
+                                                headers=headers)
+            except httpx.TransportError as exc:
+                problem = f"{type(exc).__name__}: {str(exc) or 'no detail'}".replace("\n", " ")
+                continue
+            if response.status_code >= 500:
+                problem = f"HTTP {response.status_code}: {_message(response)}"
+                continue
+            if response.status_code in expect:
+                return response
+            raise self._error(response, method, path, run_id)
+        raise StoreUnavailable(
+            f"cannot reach the journal service at {self.url} after {attempts} attempt{'s' * (attempts > 1)} ({problem}); "
+            "nothing acknowledged was lost: check that `caravanserai serve` runs there, then resume the run",
+            url=self.url, attempts=attempts,
+        )
+
+    def _post(self, path: str, body: dict, **kw: Any) -> Any:
+        return self._request("POST", path, json=body, **kw).json()
+
+    def _error(self, response: Any, method: str, path: str, run_id: str | None) -> Exception:
+        status = response.status_code
+        if status in (401, 403):
+            return HttpUnauthorized(f"the journal service at {self.url} refused the token (HTTP {status}): check "
+                                    f"{TOKEN_ENV} or the token= given to the store; the request was not retried",
+                                    url=self.url, status=status)
+        body = _error_body(response)
+        code, message = body.get("code", ""), body.get("message") or _message(response)
+        if code == "run_locked":
+            return RunLocked(message, run_id=body.get("run_id", run_id), holder=body.get("holder"))
+        if code == "lease_lost":
+            return LeaseLost(message, run_id=body.get("run_id", run_id))
+        if code == "seq_mismatch":
+            return _SeqMismatch(message)
+        if code == "invalid_run_id":
+            return InvalidRunId(message, run_id=run_id)
+        if code == "object_not_found":
+            return ObjectNotFound(message, key=body.get("key"))
+        if status in (400, 404, 405, 413, 422):
+            return ValueError(f"the journal service at {self.url} rejected {method} /v1/{path} (HTTP {status}): {message}")
+        return StoreUnavailable(f"the journal service at {self.url} answered HTTP {status} to {method} /v1/{path}: "
+                                f"{message}", url=self.url, status=status)
+
+    def health(self) -> dict:
+        """``GET /health`` (no token needed): ``{"status": "ok", "protocol": 1, ...}``."""
+        response = self._request("GET", "/health")
+        return response.json()
+
+    # ---- journal face --------------------------------------------------------------------
+    def load(self, run_id: str) -> list[str]:
+        return list(self._request("GET", f"runs/{self._run(run_id)}", run_id=run_id).json()["lines"])
+
+    def load_held(self, lease: Lease) -> list[str]:
+        snapshot = getattr(lease, "snapshot", None)
+        if snapshot is None:
+            return self.load(lease.run_id)
+        lease.snapshot = None  # only valid right after acquire
+        return snapshot
+
+    def acquire(self, run_id: str) -> HttpLease:
+        started = time.monotonic()
+        holder = {**holder_info(), "lease": uuid.uuid4().hex}
+        granted = self._post(f"runs/{self._run(run_id)}/acquire", {"holder": holder, "ttl_ms": self.lock_ttl_ms},
+                             run_id=run_id)
+        lease = HttpLease(self, run_id, int(granted["token"]), granted.get("holder") or {**holder, "token": granted["token"]},
+                          int(granted["ttl_ms"]) / 1000, started, int(granted["next_seq"]), list(granted["lines"]))
+        self._leases.add(lease)
+        return lease
+
+    def append(self, run_id: str, lines: Sequence[str], *, lease: Lease, seq: int, sync: bool = True) -> None:
+        if not isinstance(lease, HttpLease) or lease.run_id != run_id or lease.store is not self:
+            raise ValueError(f"append to run {run_id!r} needs a lease on that run from this store")
+        lease.check()
+        if seq != lease.next_seq:
+            raise ValueError(f"append to run {run_id!r} at seq {seq}, but the journal's next seq is {lease.next_seq}")
+        lines = list(lines)
+        try:
+            answer = self._post(f"runs/{self._run(run_id)}/append",
+                                {"token": lease.token, "seq": seq, "lines": lines, "sync": bool(sync)}, run_id=run_id)
+        except LeaseLost as exc:
+            lease._lost = "the journal service refused the append (fenced)"
+            raise LeaseLost(f"run {run_id!r}: the journal service refused this append: {exc.message}", run_id=run_id) from None
+        except _SeqMismatch as exc:
+            raise ValueError(f"append to run {run_id!r} at seq {seq} refused: {exc}") from None
+        lease.next_seq = int(answer["next_seq"])
+
+    def list(self) -> list[str]:
+        return sorted(self._request("GET", "runs").json()["runs"])
+
+    def remove(self, run_id: str) -> bool:
+        return bool(self._request("DELETE", f"runs/{self._run(run_id)}", run_id=run_id).json()["removed"])
+
+    def close(self) -> None:
+        """Release this store's leases (best effort) and its connections."""
+        if self._closed:
+            return
+        for lease in list(self._leases):
+            try:
+                lease.release()
+            except Exception:
+                pass
+        self._closed = True
+        self._client.close()
+
+    @property
+    def objects(self) -> ObjectStore:
+        return self._objects
+
+
+def _error_body(response: Any) -> dict:
+    try:
+        body = response.json()
+    except ValueError:
+        return {}
+    error = body.get("error") if isinstance(body, dict) else None
+    return error if isinstance(error, dict) else {}
+
+
+def _message(response: Any) -> str:
+    message = _error_body(response).get("message")
+    if not message:
+        message = (response.text or response.reason_phrase or "").strip()[:200]
+    return " ".join(str(message).split())
