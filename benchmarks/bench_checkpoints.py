@@ -319,6 +319,7 @@ def open_big_log(log_dir: Path, steps: int) -> tuple[dict, bool]:
         shutil.rmtree(log_dir / "checkpoints", ignore_errors=True)
     log_dir.mkdir(parents=True, exist_ok=True)
     info = build_big_log(log_dir, steps)
+    info["disk"] = tree_bytes(log_dir / "checkpoints" / RUN_BIG)
     info["built_utc"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     info["prompt0"] = short_prompts(1)[0]
     manifest.write_text(json.dumps(info))
@@ -398,19 +399,27 @@ KEY_FUNCS = [  # (file suffix, function) shown in the "where the time goes" brea
 ]
 
 
-def profile_call(label: str, fn: Callable[[], Any], out_dir: Path) -> dict:
+def profile_call(label: str, fn: Callable[[], Any], out_dir: Path, repeat: int = 1,
+                 after: Callable[[Any], None] | None = None) -> dict:
+    """cProfile ``repeat`` calls of ``fn`` (``after(result)`` runs unprofiled between them); per-call figures."""
     prof = cProfile.Profile()
-    t0 = time.perf_counter()
-    prof.enable()
-    try:
-        fn()
-    finally:
-        prof.disable()
-    wall = time.perf_counter() - t0
+    wall = 0.0
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        prof.enable()
+        try:
+            value = fn()
+        finally:
+            prof.disable()
+        wall += time.perf_counter() - t0
+        if after is not None:
+            after(value)
+    wall /= repeat
     stats = pstats.Stats(prof)
     rows = []
     for (filename, _line, func), (_cc, ncalls, tottime, cumtime, _callers) in stats.stats.items():
-        rows.append({"file": filename, "func": func, "calls": ncalls, "own_ms": tottime * 1e3, "cum_ms": cumtime * 1e3})
+        rows.append({"file": filename, "func": func, "calls": ncalls / repeat, "own_ms": tottime * 1e3 / repeat,
+                     "cum_ms": cumtime * 1e3 / repeat})
     key = []
     for suffix, func in KEY_FUNCS:
         hits = [r for r in rows if r["func"] == func and r["file"].endswith(suffix)]
@@ -425,19 +434,20 @@ def profile_call(label: str, fn: Callable[[], Any], out_dir: Path) -> dict:
     (out_dir / f"checkpoints_profile_{safe}.txt").write_text(text.getvalue())
     for r in top_own:
         r["where"] = f"{Path(r['file']).name}:{r['func']}" if r["file"] != "~" else r["func"]
-    return {"label": label, "wall_ms_profiled": wall * 1e3, "key": key, "top_own": top_own,
+    return {"label": label, "repeat": repeat, "wall_ms_profiled": wall * 1e3, "key": key, "top_own": top_own,
             "file": str(out_dir / f"checkpoints_profile_{safe}.txt")}
 
 
 def print_profile(p: dict, unprofiled_ms: float | None) -> None:
     extra = f" (unprofiled median {unprofiled_ms:.2f} ms)" if unprofiled_ms is not None else ""
-    print(f"\n-- cProfile: {p['label']}: {p['wall_ms_profiled']:.2f} ms under the profiler{extra}")
-    print(f"   {'function':<48} {'calls':>7} {'cumulative':>12} {'own':>11}")
+    print(f"\n-- cProfile: {p['label']}: {p['wall_ms_profiled']:.2f} ms per call under the profiler "
+          f"(mean of {p['repeat']}){extra}")
+    print(f"   {'function (per call of the operation)':<48} {'calls':>7} {'cumulative':>12} {'own':>11}")
     for r in p["key"]:
-        print(f"   {r['name']:<48} {r['calls']:>7} {r['cum_ms']:>9.2f} ms {r['own_ms']:>8.2f} ms")
+        print(f"   {r['name']:<48} {r['calls']:>7g} {r['cum_ms']:>9.2f} ms {r['own_ms']:>8.2f} ms")
     print("   top own time:")
     for r in p["top_own"][:8]:
-        print(f"   {r['where'][:48]:<48} {r['calls']:>7} {r['cum_ms']:>9.2f} ms {r['own_ms']:>8.2f} ms")
+        print(f"   {r['where'][:48]:<48} {r['calls']:>7g} {r['cum_ms']:>9.2f} ms {r['own_ms']:>8.2f} ms")
 
 
 # ---- main ------------------------------------------------------------------------------------
@@ -514,12 +524,12 @@ def main() -> int:
         else:
             log_root = work / "big"
             big, reused = build_big_log(log_root, steps), False
+            big["disk"] = tree_bytes(log_root / "checkpoints" / RUN_BIG)
         store_big = LocalDirectoryStore(log_root)
         ids, known = big["ids"], set(big["ids"])
         result["big_log"] = {k: v for k, v in big.items() if k not in ("ids", "outputs")}
         result["big_log"].update({"reused": reused, "root": str(log_root)})
         if not reused:
-            result["big_log"]["disk"] = tree_bytes(log_root / "checkpoints" / RUN_BIG)
             print(f"   built in {big['build_s']:.1f} s (run_until_step {big['run_until_step_s']:.1f} s, "
                   f"commit {big['commit_s']:.1f} s); {fmt_b(result['big_log']['disk']['apparent'])} on disk "
                   f"for {fmt_b(big['sum_full_checkpoints'])} of full checkpoints", flush=True)
@@ -569,18 +579,17 @@ def main() -> int:
                 if row and row["fresh"]["median"] * 1e3 > TARGET_MS:
                     st = store_small if group == RUN_SMALL else store_big
                     label = f"load depth {MAX_CHAIN} {'small' if group == RUN_SMALL else 'big'} log"
-                    p = profile_call(label, lambda st=st, group=group, cid=row["id"]: CheckpointLog(st, group).load(cid), prof_dir)
+                    p = profile_call(label, lambda st=st, group=group, cid=row["id"]: CheckpointLog(st, group).load(cid), prof_dir,
+                                     repeat=20 if group == RUN_SMALL else 3)
                     p["unprofiled_ms"] = row["fresh"]["median"] * 1e3
                     profiles.append(p)
             if not ok_fork:
                 for k in ks:
-                    holder: dict = {}
-
-                    def one_fork(k: int = k) -> None:
-                        holder["cid"] = CheckpointLog(store_big, RUN_BIG).fork(ids[k], agent.prompt_node_ids[k], FORK_VALUE)
-
-                    p = profile_call(f"fork at step {k}", one_fork, prof_dir)
-                    drop_fork(store_big, RUN_BIG, holder["cid"], known)
+                    slow = result["fork"][str(k)]["fresh"]["median"] > 5.0
+                    p = profile_call(f"fork at step {k}",
+                                     lambda k=k: CheckpointLog(store_big, RUN_BIG).fork(ids[k], agent.prompt_node_ids[k], FORK_VALUE),
+                                     prof_dir, repeat=1 if slow else 3,
+                                     after=lambda cid: drop_fork(store_big, RUN_BIG, cid, known))
                     p["unprofiled_ms"] = result["fork"][str(k)]["fresh"]["median"] * 1e3
                     profiles.append(p)
         result["profiles"] = profiles
@@ -645,7 +654,8 @@ def report(r: dict, steps: int, ks: tuple[int, int], small_steps: int) -> None:
                      f"{fmt_t(rs['resume_s']['median'])}", "" if rs["checks_ok"] else "CHECK FAILED (see JSON)"))
     rows.append(("store write floor: put_if_absent(100 B), fsync'd", fmt_t(r["store_write_floor"]["median"]), ""))
     if "disk" in b:
-        rows.append((f"build of the {steps:,}-step log (run_until_step + commit)", f"{b['build_s']:.1f} s", ""))
+        rows.append((f"build of the {steps:,}-step log (run_until_step + commit){' (earlier run)' if b['reused'] else ''}",
+                     f"{b['build_s']:.1f} s", ""))
 
     w0 = max(len(x[0]) for x in rows)
     w1 = max(max(len(x[1]) for x in rows), 8)

@@ -154,8 +154,11 @@ class CheckpointLog:
         self._cache: OrderedDict[str, fmt.CheckpointData] = OrderedDict()
 
     # ---- keys ----------------------------------------------------------------------------
-    def _object_key(self, cid: str, run_id: str | None = None) -> str:
-        return f"{self.prefix}{run_id or self.run_id}/objects/{cid}"
+    def _object_key(self, cid: str, base: str | None = None, run_id: str | None = None) -> str:
+        # Keyed by the stored form: two workers committing one checkpoint against different
+        # parents write different objects, so whichever record wins names an object that exists.
+        suffix = f".delta-{base}" if base else ""
+        return f"{self.prefix}{run_id or self.run_id}/objects/{cid}{suffix}"
 
     def _record_key(self, cid: str, run_id: str | None = None) -> str:
         return f"{self.prefix}{run_id or self.run_id}/records/{cid}.json"
@@ -183,7 +186,7 @@ class CheckpointLog:
                 blob = make_delta(self._load_data(parent), data, parent)
         record = CheckpointRecord(cid, self.run_id, parent, parent_run, base, depth, step, fork,
                                   "delta" if base else "full", len(blob), len(ckpt))
-        self.objects.put_if_absent(self._object_key(cid), blob)
+        self.objects.put_if_absent(self._object_key(cid, base), blob)
         written = self.objects.put_if_absent(self._record_key(cid), record.to_json())
         self._remember(cid, data)
         if written:
@@ -251,9 +254,11 @@ class CheckpointLog:
         for rec in reversed(chain):
             what = f"stored object of checkpoint {rec.id}"
             try:
-                stored = fmt.decode(self.objects.get(self._object_key(rec.id)), what=what)
+                stored = fmt.decode(self.objects.get(self._object_key(rec.id, rec.base)), what=what)
             except ObjectNotFound:
                 raise CheckpointCorruptionError(f"{what} is missing from the store", checkpoint=rec.id) from None
+            except CheckpointFormatError as exc:  # a stored object was written by us: unreadable means damaged
+                raise CheckpointCorruptionError(f"{what} is damaged ({exc.message})", checkpoint=rec.id) from None
             if rec.base is None:
                 data = stored
             else:

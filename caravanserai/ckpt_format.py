@@ -62,12 +62,12 @@ def decode(blob: bytes, *, what: str = "checkpoint") -> CheckpointData:
     blob = bytes(blob)
     if len(blob) < _PREFIX.size + DIGEST_BYTES or blob[:8] != MAGIC:
         raise CheckpointFormatError(f"{what} is not a caravanserai checkpoint (bad magic); pass the bytes run_until_step returned")
+    body, digest = blob[:-DIGEST_BYTES], blob[-DIGEST_BYTES:]
+    if hashlib.sha256(body).digest() != digest:  # before reading any field: a flipped byte is damage, not a version
+        raise CheckpointCorruptionError(f"{what} is damaged: its SHA-256 digest does not match its bytes", what=what)
     _, version, kind, hlen = _PREFIX.unpack_from(blob)
     if version > FORMAT_VERSION:
         raise CheckpointFormatError(f"{what} uses checkpoint format v{version}, newer than this caravanserai (v{FORMAT_VERSION}): upgrade")
-    body, digest = blob[:-DIGEST_BYTES], blob[-DIGEST_BYTES:]
-    if hashlib.sha256(body).digest() != digest:
-        raise CheckpointCorruptionError(f"{what} is damaged: its SHA-256 digest does not match its bytes", what=what)
     start = _PREFIX.size
     try:
         header = json.loads(body[start:start + hlen])

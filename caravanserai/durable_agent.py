@@ -149,11 +149,12 @@ class DurableAgent:
         use_server = bool(os.environ.get("VLLM_BASE_URL")) or (model_id or "").startswith("vllm/")
         backend = "vllm" if use_server else "fake"
         model_id = model_id or (DEFAULT_VLLM_MODEL if use_server else "fake")
+        runtime = _backend(backend, model_id)  # first: a failure leaves this agent as it was
         values: dict[str, Any] = {prompt_id(i): p for i, p in enumerate(prompts)}
         self._header = {"format": FORMAT, "backend": backend, "model_id": model_id, "steps": len(prompts),
                         "graph": _graph(len(prompts)), "values": values}
         self._kv = {}
-        self._backend = _backend(backend, model_id)
+        self._backend = runtime
         self.computed_steps = []
         return self
 
@@ -266,9 +267,10 @@ class DurableAgent:
 
     def _load(self, ckpt: bytes) -> None:
         data = _decode(ckpt)
+        runtime = _backend(data.header["backend"], data.header["model_id"])  # first: a failure changes nothing
         self._header = data.header
         self._kv = dict(data.kv)
-        self._backend = _backend(data.header["backend"], data.header["model_id"])
+        self._backend = runtime
         self.computed_steps = []
 
     def _execute(self, step: int) -> None:

@@ -28,6 +28,7 @@ from .stores import Store
 __all__ = ["fingerprint", "resumable_iterate"]
 
 T = TypeVar("T")
+_CURRENT: Any = object()  # run_id not given: the current run
 _DURATION = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h)\s*")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 
@@ -71,7 +72,7 @@ def _parse_every(every: int | str | timedelta | None) -> tuple[int, float | None
 
 def resumable_iterate(
     items: Iterable[T],
-    run_id: str,
+    run_id: Any = _CURRENT,
     note: Callable[[T], str] | None = None,
     *,
     every: int | str | timedelta | None = None,
@@ -84,9 +85,16 @@ def resumable_iterate(
     ``note(item)`` makes the journal note for an item (default ``processed item i/N``).
     ``every`` groups commits (``100`` items or ``'2s'``); ``key`` resumes by identity;
     ``progress=True`` prints done/total, rate and ETA (showing where it resumed) to stderr.
+    Without ``run_id``, inside ``durable()`` or a ``%%resumable`` cell, the loop belongs to that run.
     """
-    validate_run_id(run_id)
     limits = _parse_every(every)
+    if run_id is _CURRENT:
+        run = current_run()
+        if run is None:
+            raise TypeError("resumable_iterate(items) without a run id needs a current run (inside durable() or a "
+                            "%%resumable cell); otherwise pass run_id=...")
+        return _iterate(items, run.run_id, note, limits, key, progress, run.store)
+    validate_run_id(run_id)
     return _iterate(items, run_id, note, limits, key, progress, store)
 
 

@@ -59,7 +59,9 @@ def launch_info() -> dict[str, Any]:
     }
 
 
-_INDEXED = frozenset({"run_started", "attempt", "waypoint", "progress", "run_completed", "run_failed"})
+_IDENTITY = frozenset({"agent_id", "definition_sha256", "input", "budget_sha256", "session_id", "conversation_sha256",
+                       "cell_source"})
+_INDEXED = frozenset({"run_started", "attempt", "waypoint", "progress", "run_completed", "run_failed", "restarted"})
 
 
 class Run:
@@ -81,6 +83,9 @@ class Run:
         self.progress: dict[int, list[str]] = {}  # loop -> fingerprints of done items, in order
         self.progress_done: dict[int, int] = {}  # loop -> items done, counting any imported from 0.2.0
         self.legacy_offset: int | None = None
+        self.saved_names: dict = {}  # the variables saved with the last commit (notebook cells)
+        self.saved_at: int | None = None
+        self.started_event: dict | None = events[0] if events else None  # identity (updated by restarts)
         index = self._index
         for event in events:
             etype = event["type"]
@@ -90,7 +95,7 @@ class Run:
                 index(event)
         self._header: list[dict] = [self._attempt_event(events)]
         self._iterate_loops = 0
-        self.started_event: dict | None = events[0] if events else None
+        self.capture: Any = None  # set by a notebook cell: returns the names to save with each commit
         self.ledger = Ledger(run_id, events, self.attempt)
 
     # ---- reading -------------------------------------------------------------------------
@@ -130,6 +135,9 @@ class Run:
         with self._lock:
             if self._closed:
                 raise CaravanseraiError(f"run {self.run_id!r} is closed; open it again with durable()", run_id=self.run_id)
+            if self.capture is not None:  # a notebook cell's variables go with every commit
+                events = tuple({**e, "names": self.capture()} if e["type"] in ("waypoint", "progress") else e
+                               for e in events)
             pending = [*self._header, *events]
             lines, encoded, tail = journal.encode(pending, self._tail)
             self._lease.renew()
@@ -227,6 +235,17 @@ class Run:
 
     def _index(self, event: dict) -> None:
         etype = event["type"]
+        if "names" in event:
+            self.saved_names = event["names"]
+            self.saved_at = event.get("seq")
+        if etype == "restarted":  # a fresh start inside the same run: history stays, state does not
+            if self.started_event is not None:
+                self.started_event = {**self.started_event, **{k: v for k, v in event.items() if k in _IDENTITY}}
+            self._last_waypoint = None
+            self.progress, self.progress_done, self.legacy_offset = {}, {}, None
+            self.saved_names, self.saved_at = {}, None
+            self._completed = None
+            return
         if etype == "waypoint":
             self._waypoint_count += 1
             if "state" in event:

@@ -14,7 +14,7 @@ from typing import Any, Callable, TypeVar
 from .errors import InvalidRunId
 from .journal import RawJSON
 from .ids import validate_run_id
-from .runs import _REGISTRY, Waypoint, durable, open_run, read_events
+from .runs import _REGISTRY, Waypoint, current_run, durable, open_run, read_events
 from .serialization import to_json
 from .stores import Store, open_store
 
@@ -34,12 +34,24 @@ def readable_run_id(run_id: object, store: Store) -> str:
         raise
 
 
-def checkpoint(run_id: str, state: Any, note: Any, *, store: Store | str | None = None) -> int:
+_NO_NOTE = object()
+
+
+def checkpoint(run_id: Any, state: Any = _NO_NOTE, note: Any = _NO_NOTE, *, store: Store | str | None = None) -> int:
     """Save ``state`` (JSON) with a human-readable ``note`` as the run's next waypoint; returns N.
 
-    Durable when it returns: a ``kill -9`` after this cannot lose it or separate note from
-    state. Non-JSON state raises SerializationError and writes nothing.
+    ``checkpoint(run_id, state, note)`` as in 0.2.0; inside ``durable()`` or a ``%%resumable``
+    cell, ``checkpoint(state, note)`` (or ``checkpoint(state)``) uses that run. Durable when it
+    returns: a ``kill -9`` after this cannot lose it or separate note from state. Non-JSON state
+    raises SerializationError and writes nothing.
     """
+    if note is _NO_NOTE:  # the current-run forms: checkpoint(state[, note])
+        run = current_run()
+        if run is None:
+            raise TypeError("checkpoint(state, note) without a run id needs a current run (inside durable() or a "
+                            "%%resumable cell); otherwise call checkpoint(run_id, state, note)")
+        state, note = run_id, ("" if state is _NO_NOTE else state)
+        return run.checkpoint(RawJSON(to_json(state), state), note)
     validate_run_id(run_id)
     encoded = RawJSON(to_json(state), state)  # fail before the store is touched: no empty run directory
     return open_run(run_id, store).checkpoint(encoded, note)

@@ -15,13 +15,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
 import pickle
 import re
-import shutil
 import socket
 import struct
 import subprocess

@@ -131,6 +131,8 @@ class HttpObjects(ObjectStore):
     def get(self, key: str) -> bytes:
         response = self.store._request("GET", self._path(key), expect=(200, 404))
         if response.status_code == 404:
+            if _error_body(response).get("code") != "object_not_found":
+                raise self.store._error(response, "GET", self._path(key), None)
             raise self._missing(key)
         return response.content
 
@@ -138,10 +140,10 @@ class HttpObjects(ObjectStore):
         return self.store._request("HEAD", self._path(key), expect=(200, 404)).status_code == 200
 
     def list(self, prefix: str = "") -> list[str]:
-        return sorted(self.store._request("GET", "objects", params={"prefix": prefix}).json()["keys"])
+        return sorted(self.store._json(self.store._request("GET", "objects", params={"prefix": prefix}))["keys"])
 
     def delete(self, key: str) -> bool:
-        return bool(self.store._request("DELETE", self._path(key)).json()["deleted"])
+        return bool(self.store._json(self.store._request("DELETE", self._path(key)))["deleted"])
 
     def __repr__(self) -> str:
         return f"HttpObjects({self.store.url!r})"
@@ -167,8 +169,8 @@ class HttpDurableStore(Store):
         if not token or not isinstance(token, str) or not token.strip():
             raise HttpTokenRequired(f"the journal service at {base} needs a token: pass token=, add ?token= to the URL "
                                     f"or set {TOKEN_ENV}", url=base)
-        if any(c in token for c in "\r\n\x00"):
-            raise ValueError("the journal token must be one line of printable text")
+        if not token.isascii() or not token.isprintable():
+            raise ValueError("the journal token must be printable ASCII on one line")
         if lock_ttl_ms < MIN_TTL * 1000:
             raise ValueError(f"lock_ttl_ms must be at least {int(MIN_TTL * 1000)}, got {lock_ttl_ms}")
         if request_timeout_ms <= 0 or retries < 0 or backoff_ms < 0:
@@ -238,13 +240,25 @@ class HttpDurableStore(Store):
                 return response
             raise self._error(response, method, path, run_id)
         raise StoreUnavailable(
-            f"cannot reach the journal service at {self.url} after {attempts} attempt{'s' * (attempts > 1)} ({problem}); "
-            "nothing acknowledged was lost: check that `caravanserai serve` runs there, then resume the run",
+            f"the journal service at {self.url} is unavailable after {attempts} attempt{'s' * (attempts > 1)} ({problem}); "
+            "nothing acknowledged was lost: check that `caravanserai serve` runs there and can reach its store, then "
+            "resume the run",
             url=self.url, attempts=attempts,
         )
 
     def _post(self, path: str, body: dict, **kw: Any) -> Any:
-        return self._request("POST", path, json=body, **kw).json()
+        return self._json(self._request("POST", path, json=body, **kw))
+
+    def _json(self, response: Any) -> Any:
+        try:
+            value = response.json()
+        except ValueError:
+            value = None
+        if not isinstance(value, dict):
+            raise StoreUnavailable(f"the journal service at {self.url} answered {response.request.method} "
+                                   f"{response.url.path} with something that is not a JSON object; is the URL that of "
+                                   "`caravanserai serve`?", url=self.url)
+        return value
 
     def _error(self, response: Any, method: str, path: str, run_id: str | None) -> Exception:
         status = response.status_code
@@ -271,12 +285,11 @@ class HttpDurableStore(Store):
 
     def health(self) -> dict:
         """``GET /health`` (no token needed): ``{"status": "ok", "protocol": 1, ...}``."""
-        response = self._request("GET", "/health")
-        return response.json()
+        return self._json(self._request("GET", "/health"))
 
     # ---- journal face --------------------------------------------------------------------
     def load(self, run_id: str) -> list[str]:
-        return list(self._request("GET", f"runs/{self._run(run_id)}", run_id=run_id).json()["lines"])
+        return list(self._json(self._request("GET", f"runs/{self._run(run_id)}", run_id=run_id))["lines"])
 
     def load_held(self, lease: Lease) -> list[str]:
         snapshot = getattr(lease, "snapshot", None)
@@ -302,6 +315,8 @@ class HttpDurableStore(Store):
         if seq != lease.next_seq:
             raise ValueError(f"append to run {run_id!r} at seq {seq}, but the journal's next seq is {lease.next_seq}")
         lines = list(lines)
+        if not lines:
+            return
         try:
             answer = self._post(f"runs/{self._run(run_id)}/append",
                                 {"token": lease.token, "seq": seq, "lines": lines, "sync": bool(sync)}, run_id=run_id)
@@ -313,10 +328,10 @@ class HttpDurableStore(Store):
         lease.next_seq = int(answer["next_seq"])
 
     def list(self) -> list[str]:
-        return sorted(self._request("GET", "runs").json()["runs"])
+        return sorted(self._json(self._request("GET", "runs"))["runs"])
 
     def remove(self, run_id: str) -> bool:
-        return bool(self._request("DELETE", f"runs/{self._run(run_id)}", run_id=run_id).json()["removed"])
+        return bool(self._json(self._request("DELETE", f"runs/{self._run(run_id)}", run_id=run_id))["removed"])
 
     def close(self) -> None:
         """Release this store's leases (best effort) and its connections."""

@@ -1,0 +1,440 @@
+"""Worker for ``bench_stores.py``: one measurement per process, one ``RESULT {json}`` line on stdout.
+
+    python _stores_worker.py MODE --n N --warmup W [--dir D] [--url URL] [--dsn DSN] [...]
+
+Modes (``RECORD`` is a 152 B record, the size of ours' journal line for ``{"i": i}``):
+
+- ``floor_fsync``   ``os.write`` of RECORD to a file opened ``O_APPEND`` + ``os.fdatasync``;
+- ``floor_sqlite``  a bare ``INSERT`` of RECORD, autocommit, SQLite WAL ``synchronous=FULL``;
+- ``floor_pg``      a bare single-row ``INSERT`` + COMMIT (autocommit psycopg connection);
+- ``floor_s3``      a bare ``obstore.put`` of RECORD to a new key on the same S3 server (plus
+                    ``mode="create"`` on a quarter as many keys, reported apart);
+- ``floor_http``    a bare POST of RECORD to the journal service (``/health``), httpx keep-alive;
+- ``ours``          ``with caravanserai.durable(id, store=URL) as run: run.checkpoint({"i": i}, "note")``,
+                    ``--warmup`` untimed checkpoints, then ``--n`` timed ones; the store's ``append``
+                    and the I/O call under it (fdatasync / the SQL driver / ``obstore.put`` /
+                    ``httpx.Client.request``) are timed on the side (main thread only);
+- ``lg_pg``         LangGraph ``PostgresSaver``, ``durability="sync"``: a 1-node ``StateGraph``
+                    looping ``--n`` super-steps (one checkpoint each); a sample is the gap between
+                    consecutive node entries;
+- ``dbos_pg``       DBOS on Postgres: one workflow of ``--n`` ``@DBOS.step``s; a sample is the gap
+                    between consecutive step entries;
+- ``serve``         start ``caravanserai.service.serve`` (when it exists) and serve until killed.
+
+``ours`` runs under the repo's interpreter with the repo on ``PYTHONPATH``; the peers under
+``benchmarks/.venv-peers`` with ``-I``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import sys
+import threading
+import time
+
+T_PROCESS = time.perf_counter()
+RECORD = (b"x" * 151) + b"\n"  # ours' journal line for {"i": i} with note "note" is ~151 B + "\n"
+MAIN = threading.get_ident()
+
+
+def emit(result: dict) -> None:
+    sys.stdout.write("RESULT " + json.dumps(result) + "\n")
+    sys.stdout.flush()
+
+
+def us(samples_s: list[float]) -> list[float]:
+    return [round(s * 1e6, 1) for s in samples_s]
+
+
+def stats(samples_us: list[float]) -> dict:
+    if not samples_us:
+        return {"n": 0}
+    s = sorted(samples_us)
+    rank = lambda q: s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]  # nearest rank  # noqa: E731
+    return {"n": len(s), "median_us": statistics.median(s), "mean_us": statistics.fmean(s), "p90_us": rank(0.90),
+            "p99_us": rank(0.99), "min_us": s[0], "max_us": s[-1]}
+
+
+def timed_loop(n: int, warmup: int, body) -> list[float]:
+    for i in range(warmup):
+        body(-1 - i)
+    out = []
+    for i in range(n):
+        t = time.perf_counter()
+        body(i)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+# ---- floors -------------------------------------------------------------------------------------
+def floor_fsync(a: argparse.Namespace) -> dict:
+    path = os.path.join(a.dir, f"floor-{os.getpid()}.bin")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        samples = timed_loop(a.n, a.warmup, lambda i: (os.write(fd, RECORD), os.fdatasync(fd)))
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return {"samples_us": us(samples), "what": f"os.write {len(RECORD)} B (O_APPEND) + os.fdatasync"}
+
+
+def floor_sqlite(a: argparse.Namespace) -> dict:
+    import sqlite3
+
+    path = os.path.join(a.dir, f"floor-{os.getpid()}.db")
+    conn = sqlite3.connect(path, isolation_level=None)
+    mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, payload TEXT NOT NULL)")
+    text = RECORD.decode()
+    samples = timed_loop(a.n, a.warmup, lambda i: conn.execute("INSERT INTO t (payload) VALUES (?)", (text,)))
+    conn.close()
+    for suffix in ("", "-wal", "-shm"):
+        try:
+            os.unlink(path + suffix)
+        except FileNotFoundError:
+            pass
+    return {"samples_us": us(samples), "journal_mode": mode, "sqlite": sqlite3.sqlite_version,
+            "what": f"INSERT of {len(RECORD)} B, autocommit, WAL synchronous=FULL"}
+
+
+def floor_pg(a: argparse.Namespace) -> dict:
+    import psycopg
+
+    conn = psycopg.connect(a.dsn, autocommit=True)
+    table = f"bench_floor_{a.tag}"
+    conn.execute(f"DROP TABLE IF EXISTS {table}")
+    conn.execute(f"CREATE TABLE {table} (id BIGSERIAL PRIMARY KEY, payload TEXT NOT NULL)")
+    text = RECORD.decode()
+    query = f"INSERT INTO {table} (payload) VALUES (%s)"
+    samples = timed_loop(a.n, a.warmup, lambda i: conn.execute(query, (text,)))
+    settings = {name: conn.execute(f"SHOW {name}").fetchone()[0]
+                for name in ("server_version", "fsync", "synchronous_commit", "wal_sync_method", "full_page_writes")}
+    conn.execute(f"DROP TABLE {table}")
+    conn.close()
+    return {"samples_us": us(samples), "settings": settings, "psycopg": psycopg.__version__,
+            "what": f"INSERT of {len(RECORD)} B + COMMIT (autocommit psycopg connection)"}
+
+
+def floor_s3(a: argparse.Namespace) -> dict:
+    import obstore
+    from obstore.store import from_url
+
+    from urllib.parse import parse_qsl, urlsplit
+
+    parts = urlsplit(a.url)
+    options = dict(parse_qsl(parts.query))
+    store = from_url(f"s3://{parts.netloc}", client_options={"allow_http": True}, **options)
+    run = f"floor/{os.getpid()}-{a.tag}"
+    counter = iter(range(10**9))
+    plain = timed_loop(a.n, a.warmup, lambda i: obstore.put(store, f"{run}/p{next(counter):08d}", RECORD))
+    create = timed_loop(max(1, a.n // 4), 0, lambda i: obstore.put(store, f"{run}/c{next(counter):08d}", RECORD,
+                                                                  mode="create"))
+    return {"samples_us": us(plain), "create": stats(us(create)), "obstore": getattr(obstore, "__version__", None),
+            "what": f"obstore.put of {len(RECORD)} B to a new key (plain PUT), keep-alive"}
+
+
+def floor_http(a: argparse.Namespace) -> dict:
+    import httpx
+
+    base = a.url.split("?", 1)[0].rstrip("/")
+    client = httpx.Client(timeout=10)
+    status = {}
+
+    def post(i: int) -> None:
+        r = client.post(base + "/health", content=RECORD, headers={"Content-Type": "application/octet-stream"})
+        status[r.status_code] = status.get(r.status_code, 0) + 1
+
+    samples = timed_loop(a.n, a.warmup, post)
+    get = timed_loop(max(1, a.n // 4), 0, lambda i: client.get(base + "/health"))
+    client.close()
+    return {"samples_us": us(samples), "status_codes": status, "get_health": stats(us(get)),
+            "what": f"POST of {len(RECORD)} B to /health (httpx keep-alive)"}
+
+
+# ---- ours ---------------------------------------------------------------------------------------
+def wrap(obj, name: str, bucket: list) -> bool:
+    """Time ``obj.name`` calls made on the main thread into ``bucket`` (seconds)."""
+    try:
+        original = getattr(obj, name)
+    except AttributeError:
+        return False
+
+    def timed(*args, **kwargs):
+        if threading.get_ident() != MAIN:
+            return original(*args, **kwargs)
+        t = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            bucket.append(time.perf_counter() - t)
+
+    try:
+        setattr(obj, name, timed)
+    except (AttributeError, TypeError):
+        return False
+    return True
+
+
+def ours(a: argparse.Namespace) -> dict:
+    import caravanserai
+
+    if a.repo and not os.path.realpath(caravanserai.__file__).startswith(os.path.realpath(a.repo)):
+        sys.exit(f"[worker ours] imported caravanserai from {caravanserai.__file__}, not from {a.repo}")
+    import_s = time.perf_counter() - T_PROCESS
+    t = time.perf_counter()
+    store = caravanserai.open_store(a.url)
+    open_store_s = time.perf_counter() - t
+    kind = type(store).__name__
+    parts: dict[str, list] = {"store.append": [], "io": []}
+    io_name = "?"
+    wrap(store, "append", parts["store.append"])
+    if kind == "LocalStore":
+        from caravanserai.stores import local as local_mod
+
+        parts["write"] = []
+        wrap(local_mod, "write_all", parts["write"])
+        wrap(os, "fdatasync", parts["io"])
+        io_name = "os.fdatasync"
+    elif hasattr(store, "_exec"):  # SqlDurableStore: the driver call (sqlite3 / psycopg execute + fetch)
+        wrap(store, "_exec", parts["io"])
+        io_name = "driver exec (execute + fetchall)"
+    elif hasattr(store, "storage"):  # ObjectDurableStore over obstore
+        import obstore
+
+        wrap(obstore, "put", parts["io"])
+        io_name = "obstore.put"
+    elif hasattr(store, "_client"):  # HttpDurableStore
+        wrap(store._client, "request", parts["io"])
+        io_name = "httpx.Client.request"
+
+    state_note = "note"
+    profiler = None
+    t_open = time.perf_counter()
+    with caravanserai.durable(a.run_id, store=a.url) as run:
+        t_opened = time.perf_counter()
+        for i in range(a.warmup):
+            run.checkpoint({"i": -1 - i}, state_note)
+        for bucket in parts.values():
+            bucket.clear()
+        if a.profile:
+            import cProfile
+
+            profiler = cProfile.Profile()
+            profiler.enable()
+        cpu0, thr0 = resource.getrusage(resource.RUSAGE_SELF), time.thread_time()
+        samples = []
+        t_loop = time.perf_counter()
+        for i in range(a.n):
+            t = time.perf_counter()
+            run.checkpoint({"i": i}, state_note)
+            samples.append(time.perf_counter() - t)
+        loop_s = time.perf_counter() - t_loop
+        cpu1, thr1 = resource.getrusage(resource.RUSAGE_SELF), time.thread_time()
+        if profiler is not None:
+            profiler.disable()
+        parts = {name: list(bucket) for name, bucket in parts.items()}  # before close() appends run_completed
+        t_close = time.perf_counter()
+    close_s = time.perf_counter() - t_close
+    out = {"samples_us": us(samples), "store_class": kind, "url": getattr(store, "url", a.url),
+           "import_s": import_s, "open_store_s": open_store_s, "durable_open_s": t_opened - t_open,
+           "loop_s": loop_s, "close_s": close_s, "io_name": io_name,
+           "cpu_user_us_per_ckpt": (cpu1.ru_utime - cpu0.ru_utime) / a.n * 1e6,
+           "cpu_sys_us_per_ckpt": (cpu1.ru_stime - cpu0.ru_stime) / a.n * 1e6,
+           "main_thread_cpu_us_per_ckpt": (thr1 - thr0) / a.n * 1e6,
+           "parts": {name: {**stats(us(b)), "calls_per_ckpt": len(b) / a.n} for name, b in parts.items()},
+           "caravanserai": getattr(caravanserai, "__version__", None)}
+    out["parts"]["outside store.append"] = stats([round((s - b) * 1e6, 1) for s, b in zip(samples, parts["store.append"])]) \
+        if len(parts["store.append"]) == len(samples) else {"n": 0}
+    out["parts"]["store.append minus io"] = stats([round((b - c) * 1e6, 1) for b, c in zip(parts["store.append"], parts["io"])]) \
+        if len(parts["io"]) == len(parts["store.append"]) else {"n": 0}
+    if profiler is not None:
+        import io
+        import pstats
+
+        text = io.StringIO()
+        ps = pstats.Stats(profiler, stream=text)
+        ps.sort_stats("tottime").print_stats(18)
+        ps.sort_stats("cumulative").print_stats(25)
+        with open(a.profile, "w", encoding="utf-8") as handle:
+            handle.write(f"# cProfile of {a.n} checkpoints on {out['url']} ({kind})\n")
+            handle.write(text.getvalue())
+        top = []
+        for (filename, line, func), (cc, nc, tt, ct, callers) in ps.stats.items():
+            top.append((tt, ct, nc, f"{os.path.basename(filename)}:{line}({func})"))
+        top.sort(reverse=True)
+        out["profile_top_tottime"] = [{"tottime_us_per_ckpt": tt / a.n * 1e6, "cumtime_us_per_ckpt": ct / a.n * 1e6,
+                                       "calls_per_ckpt": nc / a.n, "function": name} for tt, ct, nc, name in top[:12]]
+    return out
+
+
+# ---- peers --------------------------------------------------------------------------------------
+def lg_pg(a: argparse.Namespace) -> dict:
+    from typing import TypedDict
+
+    import langgraph
+    from langgraph.checkpoint.postgres import PostgresSaver
+    from langgraph.graph import END, START, StateGraph
+
+    import_s = time.perf_counter() - T_PROCESS
+    entries: list[float] = []
+
+    class State(TypedDict):
+        i: int
+        n: int
+        payload: str
+
+    def step(state: State) -> dict:
+        entries.append(time.perf_counter())
+        return {"i": state["i"] + 1}
+
+    def more(state: State) -> str:
+        return END if state["i"] >= state["n"] else "step"
+
+    builder = StateGraph(State)
+    builder.add_node("step", step)
+    builder.add_edge(START, "step")
+    builder.add_conditional_edges("step", more)
+    with PostgresSaver.from_conn_string(a.dsn) as saver:
+        saver.setup()
+        graph = builder.compile(checkpointer=saver)
+        payload = "p" * 100
+
+        def invoke(n: int, thread: str) -> dict:
+            return graph.invoke({"i": 0, "n": n, "payload": payload},
+                                {"configurable": {"thread_id": thread}, "recursion_limit": n + 10}, durability="sync")
+
+        invoke(max(2, a.warmup), f"warm-{a.tag}")
+        entries.clear()
+        cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+        t0 = time.perf_counter()
+        out = invoke(a.n, f"run-{a.tag}")
+        total = time.perf_counter() - t0
+        cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+        assert out["i"] == a.n and len(entries) == a.n, (out, len(entries))
+        with saver.conn.cursor() as cur:
+            cur.execute("SELECT count(*) AS c FROM checkpoints WHERE thread_id = %s", (f"run-{a.tag}",))
+            checkpoints = cur.fetchone()["c"]
+    gaps = [b - e for e, b in zip(entries, entries[1:])]
+    import importlib.metadata as md
+
+    return {"samples_us": us(gaps), "total_per_step_us": total / a.n * 1e6, "checkpoints_written": checkpoints,
+            "cpu_us_per_step": ((cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)) / a.n * 1e6,
+            "import_s": import_s,
+            "versions": {p: md.version(p) for p in ("langgraph", "langgraph-checkpoint", "langgraph-checkpoint-postgres",
+                                                   "psycopg", "psycopg-pool")},
+            "what": "1-node StateGraph {i, n, payload 100 B}, one super-step per checkpoint, PostgresSaver, "
+                    "durability='sync'; sample = gap between consecutive node entries"}
+
+
+def dbos_pg(a: argparse.Namespace) -> dict:
+    import logging
+
+    from dbos import DBOS, SetWorkflowID
+
+    import_s = time.perf_counter() - T_PROCESS
+    entries: list[float] = []
+
+    @DBOS.step()
+    def step(i: int) -> dict:
+        entries.append(time.perf_counter())
+        return {"i": i}
+
+    @DBOS.workflow()
+    def steps_wf(n: int) -> int:
+        for i in range(n):
+            step(i)
+        return n
+
+    t = time.perf_counter()
+    DBOS(config={"name": "bench-stores", "system_database_url": a.dsn, "application_version": "bench-stores",
+                 "log_level": "WARNING", "console_log_level": "WARNING"})
+    DBOS.launch()
+    logging.getLogger("dbos").setLevel(logging.WARNING)
+    launch_s = time.perf_counter() - t
+    with SetWorkflowID(f"warm-{a.tag}"):
+        steps_wf(max(2, a.warmup))
+    entries.clear()
+    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+    t0 = time.perf_counter()
+    with SetWorkflowID(f"run-{a.tag}"):
+        out = steps_wf(a.n)
+    total = time.perf_counter() - t0
+    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    assert out == a.n and len(entries) == a.n
+    try:
+        DBOS.destroy(destroy_registry=True)
+    except Exception:
+        pass
+    gaps = [b - e for e, b in zip(entries, entries[1:])]
+    import importlib.metadata as md
+
+    return {"samples_us": us(gaps), "total_per_step_us": total / a.n * 1e6, "launch_s": launch_s,
+            "cpu_us_per_step": ((cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)) / a.n * 1e6,
+            "import_s": import_s,
+            "versions": {p: md.version(p) for p in ("dbos", "SQLAlchemy", "psycopg")},
+            "what": "one @DBOS.workflow of n @DBOS.step calls (system DB on the same PostgreSQL); "
+                    "sample = gap between consecutive step entries"}
+
+
+# ---- the journal service --------------------------------------------------------------------------
+def serve(a: argparse.Namespace) -> None:
+    """Start ``caravanserai.service.serve`` with whatever of (store, host, port, token) it takes."""
+    import inspect
+
+    from caravanserai import service
+
+    fn = service.serve
+    sig = inspect.signature(fn)
+    names = {"store": a.backing, "backing": a.backing, "backend": a.backing, "store_url": a.backing,
+             "root": a.backing, "host": "127.0.0.1", "port": a.port, "token": a.token, "tokens": [a.token]}
+    kwargs, missing = {}, []
+    for name, param in sig.parameters.items():
+        if name in names:
+            kwargs[name] = names[name]
+        elif param.default is inspect.Parameter.empty and param.kind not in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            missing.append(name)
+    if missing:
+        sys.exit(f"caravanserai.service.serve{sig}: cannot fill {missing}")
+    os.environ.setdefault("CARAVANSERAI_HTTP_TOKEN", a.token)
+    print(f"serve{sig} with {sorted(kwargs)}", flush=True)
+    fn(**kwargs)
+
+
+MODES = {"floor_fsync": floor_fsync, "floor_sqlite": floor_sqlite, "floor_pg": floor_pg, "floor_s3": floor_s3,
+         "floor_http": floor_http, "ours": ours, "lg_pg": lg_pg, "dbos_pg": dbos_pg}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=[*MODES, "serve"])
+    p.add_argument("--n", type=int, default=1000)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--dir", default=".")
+    p.add_argument("--url", default="")
+    p.add_argument("--dsn", default="")
+    p.add_argument("--tag", default="0")
+    p.add_argument("--run-id", default="bench")
+    p.add_argument("--repo", default="")
+    p.add_argument("--profile", default="")
+    p.add_argument("--backing", default="")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--token", default="")
+    a = p.parse_args()
+    if a.mode == "serve":
+        serve(a)
+        return
+    result = MODES[a.mode](a)
+    result["stats"] = stats(result["samples_us"])
+    result["mode"] = a.mode
+    result["pid"] = os.getpid()
+    emit(result)
+
+
+if __name__ == "__main__":
+    main()

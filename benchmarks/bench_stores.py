@@ -1,0 +1,610 @@
+"""Durable append latency per store backend, next to the physical floor measured in the same run.
+
+    python benchmarks/bench_stores.py [--quick] [--rounds K] [--n N] [--only local,sqlite,...] [--dir PATH]
+
+One command: it starts its own PostgreSQL (``tests/servers/pg_server.py``: initdb + pg_ctl, through
+``runuser -u postgres`` as root, data directory inside the work dir) and moto S3 server
+(``tests/servers/s3_server.py``), both on 127.0.0.1, plus ``caravanserai.service.serve`` when that
+exists, and stops them all at the end. The work dir is a fresh ``bench-stores-XXXX`` next to the
+repo (the real disk, ext4 here; ``--dir`` moves it), deleted afterwards (``--keep``).
+
+Per backend, each in a fresh process (``benchmarks/_stores_worker.py``):
+
+- ours: ``with caravanserai.durable(run_id, store=URL) as run: run.checkpoint({"i": i}, "note")``:
+  20 untimed checkpoints, then N=1,000 timed one at a time (one journal append each, durable on
+  return); the store's ``append`` and the I/O call under it are timed on the side;
+- the floor, on the same disk / server: local and sqlite: ``os.write`` of a 152 B record +
+  ``os.fdatasync`` (and, for sqlite, a bare SQLite WAL ``synchronous=FULL`` INSERT commit);
+  postgres: a bare single-row INSERT + COMMIT (autocommit); s3: a bare ``obstore.put`` of 152 B;
+  http: a bare POST round trip to the same service;
+- the peers, on the same PostgreSQL, from ``benchmarks/.venv-peers``: LangGraph's
+  ``PostgresSaver`` with ``durability="sync"`` (a 1-node graph looping N super-steps, one
+  checkpoint each) and DBOS (one workflow of N ``@DBOS.step``s), as in
+  ``shared/recipes/peers/durable-peers.md``.
+
+Rounds are interleaved (floor, ours, ...; the order of each pair flips every round) because this
+disk's fsync latency is bimodal. Medians and p99 are over the pooled samples of all rounds; the
+ratio is ours' median / the floor's median. Target: ours <= 1.5x its floor. A report, not a test:
+exit status 0 either way. On a MISS, one more run of that backend under cProfile shows where the
+time goes (``benchmarks/results/stores_profile_<backend>.txt``). Raw numbers, every sample
+included: ``benchmarks/results/stores.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import importlib.util
+import json
+import math
+import os
+import platform
+import secrets
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+WORKER = HERE / "_stores_worker.py"
+RESULTS = HERE / "results" / "stores.json"
+VENV_OURS = REPO / ".venv"
+VENV_PEERS = HERE / ".venv-peers"
+TARGET = 1.5
+BACKENDS = ("local", "sqlite", "postgres", "s3", "http")
+PEERS = ("langgraph", "dbos")
+# Installed into .venv-peers when missing; langgraph/dbos pins are bench_durable_calls.py's.
+PEER_BASE = {"langgraph": "1.2.24", "langgraph-checkpoint": "4.3.2", "dbos": "3.4.0"}
+PEER_EXTRA = ["langgraph-checkpoint-postgres", "psycopg[binary]", "psycopg-pool"]
+PEER_PROBE = "import langgraph.checkpoint.postgres, psycopg, psycopg_pool, dbos"
+
+
+def venv_python(venv: Path) -> Path:
+    return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def reexec_in_repo_venv() -> None:
+    """Run under the repo's .venv (psycopg, obstore, moto live there), whatever ``python`` was."""
+    target = venv_python(VENV_OURS)
+    if target.exists() and Path(sys.prefix).resolve() != VENV_OURS.resolve() and not os.environ.get("_BENCH_STORES_REEXEC"):
+        os.environ["_BENCH_STORES_REEXEC"] = "1"
+        os.execv(str(target), [str(target), str(Path(__file__).resolve()), *sys.argv[1:]])
+
+
+def say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+def load_helper(name: str):
+    """``tests/servers/<name>.py`` loaded by path (the tests' own server helpers)."""
+    path = REPO / "tests" / "servers" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_bench_servers_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module
+
+
+def mount_of(path: Path) -> dict:
+    real = os.path.realpath(path)
+    best = {"mount": "", "device": "?", "fstype": "?"}
+    try:
+        with open("/proc/mounts", encoding="utf-8") as mounts:
+            for line in mounts:
+                device, mount, fstype = line.split()[:3]
+                mount = mount.replace("\\040", " ")
+                if (real == mount or real.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best["mount"]):
+                    best = {"mount": mount, "device": device, "fstype": fstype}
+    except OSError:
+        pass
+    return best
+
+
+def machine_notes() -> dict:
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "?")
+    except OSError:
+        pass
+    return {"date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "python": platform.python_version(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
+            "cpu_model": cpu, "loadavg_start": os.getloadavg()}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---- peers' venv --------------------------------------------------------------------------------
+def ensure_peers() -> tuple[Path | None, str | None]:
+    """(peers' python, why not) after adding the Postgres packages to .venv-peers if missing."""
+    python = venv_python(VENV_PEERS)
+
+    def probe() -> subprocess.CompletedProcess:
+        return subprocess.run([str(python), "-I", "-c", PEER_PROBE], cwd=tempfile.gettempdir(), capture_output=True,
+                              text=True)
+
+    try:
+        if python.exists() and probe().returncode == 0:
+            return python, None
+        if not python.exists():
+            base = getattr(sys, "_base_executable", None) or sys.executable
+            subprocess.run([base, "-m", "venv", str(VENV_PEERS)], check=True, capture_output=True, text=True)
+        have = subprocess.run([str(python), "-I", "-c", "import importlib.metadata as m\n"
+                               "for p in ('langgraph', 'langgraph-checkpoint', 'dbos'):\n"
+                               "    try: print(p, m.version(p))\n    except m.PackageNotFoundError: pass"],
+                              capture_output=True, text=True, cwd=tempfile.gettempdir()).stdout.split()
+        installed = dict(zip(have[::2], have[1::2]))
+        pins = [f"{k}=={installed.get(k, v)}" for k, v in PEER_BASE.items()]  # keep what is there
+        say(f"adding to {VENV_PEERS.relative_to(REPO)}: {' '.join(PEER_EXTRA)} (keeping {' '.join(pins)}) ...")
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *pins, *PEER_EXTRA],
+                       check=True, capture_output=True, text=True, cwd=tempfile.gettempdir(), timeout=900)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
+        tail = str(getattr(exc, "stderr", None) or exc).strip().splitlines()
+        return None, "install failed: " + (tail[-1] if tail else "?")
+    check = probe()
+    if check.returncode != 0:
+        return None, "import failed: " + (check.stderr.strip().splitlines() or ["?"])[-1]
+    return python, None
+
+
+def peer_versions(python: Path) -> dict:
+    code = ("import importlib.metadata as m, json\nout = {}\n"
+            "for p in ('langgraph', 'langgraph-checkpoint', 'langgraph-checkpoint-postgres', 'dbos', 'SQLAlchemy', "
+            "'psycopg', 'psycopg-binary', 'psycopg-pool'):\n"
+            "    try: out[p] = m.version(p)\n    except m.PackageNotFoundError: out[p] = None\nprint(json.dumps(out))")
+    probe = subprocess.run([str(python), "-I", "-c", code], capture_output=True, text=True, cwd=tempfile.gettempdir())
+    return json.loads(probe.stdout) if probe.returncode == 0 else {}
+
+
+def ours_versions() -> dict:
+    code = ("import importlib.metadata as m, json, sqlite3\nout = {'sqlite (library)': sqlite3.sqlite_version}\n"
+            "for p in ('psycopg', 'psycopg-binary', 'obstore', 'moto', 'httpx', 'starlette', 'uvicorn'):\n"
+            "    try: out[p] = m.version(p)\n    except m.PackageNotFoundError: out[p] = None\n"
+            "import caravanserai; out['caravanserai'] = caravanserai.__version__\nprint(json.dumps(out))")
+    probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=tempfile.gettempdir())
+    return json.loads(probe.stdout) if probe.returncode == 0 else {}
+
+
+# ---- servers ------------------------------------------------------------------------------------
+class Servers:
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.pg = None
+        self.s3 = None
+        self.http_proc: subprocess.Popen | None = None
+        self.notes: dict = {}
+
+    def start_pg(self) -> str:
+        pg_server = load_helper("pg_server")
+        os.environ.pop("TEST_PG_DSN", None)  # always our own, on this disk
+        old = tempfile.tempdir
+        tempfile.tempdir = str(self.workdir)  # the helper's mkdtemp: data dir on the bench disk
+        try:
+            t = time.perf_counter()
+            self.pg = pg_server.PgServer.start()
+            self.notes["pg_start_s"] = time.perf_counter() - t
+        finally:
+            tempfile.tempdir = old
+        self.notes["pg_data_dir"] = self.pg.data_dir
+        return self.pg.dsn
+
+    def start_s3(self, bucket: str) -> str:
+        s3_server = load_helper("s3_server")
+        t = time.perf_counter()
+        self.s3 = s3_server.S3Server.start()
+        self.s3.create_bucket(bucket)
+        self.notes["s3_start_s"] = time.perf_counter() - t
+        return self.s3.endpoint
+
+    def start_http(self, backing: str) -> tuple[str | None, str]:
+        """(url with token, note); url None when the service is missing or did not start."""
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        probe = subprocess.run([sys.executable, "-c", "import caravanserai.service as s; print(callable(getattr(s, 'serve', None)))"],
+                               capture_output=True, text=True, env=env, cwd=tempfile.gettempdir())
+        if probe.stdout.strip() != "True":
+            return None, "not available yet"
+        port, token = free_port(), secrets.token_hex(16)
+        log = open(self.workdir / "http-service.log", "w")
+        self.http_proc = subprocess.Popen([sys.executable, str(WORKER), "serve", "--backing", backing, "--port", str(port),
+                                           "--token", token], env=env, cwd=str(self.workdir), stdout=log,
+                                          stderr=subprocess.STDOUT, start_new_session=True)
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.http_proc.poll() is not None:
+                break
+            try:
+                urllib.request.urlopen(base + "/health", timeout=1).read()
+                return f"{base}/?token={token}", f"caravanserai.service.serve on {base}, backed by {backing}"
+            except OSError:
+                time.sleep(0.1)
+        log.flush()
+        tail = (self.workdir / "http-service.log").read_text(errors="replace").strip().splitlines()[-3:]
+        self.stop_http()
+        return None, "service did not start: " + " | ".join(tail)
+
+    def stop_http(self) -> None:
+        if self.http_proc is None:
+            return
+        try:
+            os.killpg(self.http_proc.pid, signal.SIGTERM)
+            self.http_proc.wait(10)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(self.http_proc.pid, signal.SIGKILL)
+            self.http_proc.wait()
+        self.http_proc = None
+
+    def stop(self) -> None:
+        self.stop_http()
+        if self.s3 is not None:
+            self.s3.stop()
+            self.s3 = None
+        if self.pg is not None:
+            self.pg.stop()
+            self.pg = None
+
+
+def create_database(dsn: str, name: str) -> str:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return dsn.rsplit("/", 1)[0] + "/" + name
+
+
+# ---- running workers ----------------------------------------------------------------------------
+class Runner:
+    def __init__(self, peers_python: Path | None, workdir: Path, timeout: float) -> None:
+        self.peers_python = peers_python
+        self.workdir = workdir
+        self.timeout = timeout
+
+    def __call__(self, mode: str, *args: str, peer: bool = False) -> dict:
+        env = {k: v for k, v in os.environ.items() if k not in ("CARAVANSERAI_STORE", "PYTHONPATH", "PYTHONHOME",
+                                                                "PYTHONSTARTUP", "DBOS__APPVERSION")}
+        if peer:
+            cmd = [str(self.peers_python), "-I", str(WORKER), mode, *args]
+        else:
+            env["PYTHONPATH"] = str(REPO)
+            cmd = [sys.executable, str(WORKER), mode, *args, "--repo", str(REPO)]
+        t = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, cwd=str(self.workdir), env=env, capture_output=True, text=True, timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            return {"error": f"{mode}: timed out after {self.timeout:.0f} s"}
+        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+        if proc.returncode != 0 or not lines:
+            tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-4:])
+            return {"error": f"{mode}: exit status {proc.returncode}: {tail[-700:]}"}
+        result = json.loads(lines[-1][len("RESULT "):])
+        result["process_wall_s"] = time.perf_counter() - t
+        return result
+
+
+# ---- statistics & formatting --------------------------------------------------------------------
+def pooled(results: list[dict]) -> list[float]:
+    return [s for r in results if "samples_us" in r for s in r["samples_us"]]
+
+
+def summary(samples: list[float]) -> dict | None:
+    if not samples:
+        return None
+    s = sorted(samples)
+    rank = lambda q: s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]  # noqa: E731
+    return {"n": len(s), "median_us": statistics.median(s), "p90_us": rank(0.90), "p99_us": rank(0.99),
+            "mean_us": statistics.fmean(s), "min_us": s[0], "max_us": s[-1]}
+
+
+def fmt_us(value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    if value >= 1e6:
+        return f"{value / 1e6:.2f} s"
+    if value >= 1e4:
+        return f"{value / 1e3:.1f} ms"
+    if value >= 1e3:
+        return f"{value / 1e3:.2f} ms"
+    return f"{value:.0f} us"
+
+
+def table(header: list[str], rows: list[list[str]], right_from: int = 1) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    def line(r: list[str]) -> str:
+        return "| " + " | ".join(str(c).ljust(w) if i < right_from else str(c).rjust(w)
+                                 for i, (c, w) in enumerate(zip(r, widths))) + " |"
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(header), sep, *(line(r) for r in rows)])
+
+
+# ---- main ---------------------------------------------------------------------------------------
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="N=300 checkpoints, 1 round")
+    parser.add_argument("--n", type=int, default=1000, help="timed checkpoints / appends per process (default 1,000)")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed ones before them (default 20)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    parser.add_argument("--only", help="comma list of local,sqlite,postgres,s3,http,langgraph,dbos")
+    parser.add_argument("--no-peers", action="store_true", help="skip LangGraph and DBOS")
+    parser.add_argument("--no-profile", action="store_true", help="do not profile a backend that misses the target")
+    parser.add_argument("--dir", help="parent of the work dir (default: next to the repo, on the real disk)")
+    parser.add_argument("--keep", action="store_true", help="keep the work dir")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per worker process (default 600)")
+    parser.add_argument("--out", default=str(RESULTS), help=f"JSON results (default {RESULTS.relative_to(REPO)})")
+    if parser.parse_known_args()[0].quick:
+        parser.set_defaults(n=300, rounds=1)
+    args = parser.parse_args()
+    wanted = [w.strip() for w in (args.only or ",".join((*BACKENDS, *PEERS))).split(",") if w.strip()]
+    unknown = set(wanted) - {*BACKENDS, *PEERS}
+    if unknown:
+        parser.error(f"unknown backend(s) {sorted(unknown)}")
+    if args.no_peers:
+        wanted = [w for w in wanted if w not in PEERS]
+
+    parent = Path(args.dir).expanduser().resolve() if args.dir else REPO.parent
+    workdir = Path(tempfile.mkdtemp(prefix="bench-stores-", dir=parent))
+    os.chmod(workdir, 0o755)  # the postgres user must reach its data dir inside
+    mount = mount_of(workdir)
+    notes = {**machine_notes(), "workdir": str(workdir), "mount": mount, "args": vars(args), "interpreter": sys.executable}
+    say(f"work dir {workdir} on {mount['device']} ({mount['fstype']}, mounted at {mount['mount']})")
+    if mount["fstype"] in ("tmpfs", "ramfs"):
+        say("WARNING: the work dir is on tmpfs: fsync costs nothing there")
+    notes["versions_ours"] = ours_versions()
+    say(f"ours: {sys.executable} (PYTHONPATH={REPO}); " + ", ".join(f"{k} {v}" for k, v in notes["versions_ours"].items() if v))
+
+    peers_python, peers_why = (None, "not requested")
+    if set(wanted) & set(PEERS):
+        peers_python, peers_why = ensure_peers()
+        if peers_python:
+            notes["versions_peers"] = peer_versions(peers_python)
+            say(f"peers: {peers_python} (-I): " + ", ".join(f"{k} {v}" for k, v in notes["versions_peers"].items() if v))
+        else:
+            say(f"peers: NOT RUN: {peers_why}")
+            wanted = [w for w in wanted if w not in PEERS]
+
+    servers = Servers(workdir)
+    runner = Runner(peers_python, workdir, args.timeout)
+    raw: dict[str, list[dict]] = {}
+    unavailable: dict[str, str] = {}
+    profiles: dict[str, dict] = {}
+
+    def on_term(signum, frame):  # noqa: ANN001
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    started = time.perf_counter()
+    try:
+        dsn = endpoint = http_url = lg_dsn = None
+        if set(wanted) & {"postgres", "langgraph", "dbos"}:
+            try:
+                dsn = servers.start_pg()
+                say(f"postgres: {dsn} (data {servers.notes['pg_data_dir']}, started in {servers.notes['pg_start_s']:.2f} s)")
+            except Exception as exc:  # noqa: BLE001
+                for w in ("postgres", "langgraph", "dbos"):
+                    unavailable[w] = f"PostgreSQL did not start: {exc}"
+        if "s3" in wanted:
+            try:
+                endpoint = servers.start_s3("bench")
+                say(f"s3: moto server {endpoint} (started in {servers.notes['s3_start_s']:.2f} s)")
+            except Exception as exc:  # noqa: BLE001
+                unavailable["s3"] = f"moto did not start: {exc}"
+        if "http" in wanted:
+            http_url, why = servers.start_http(str(workdir / "http-backing"))
+            say(f"http: {why}")
+            if http_url is None:
+                unavailable["http"] = why
+        if dsn and "langgraph" in wanted:
+            lg_dsn = create_database(dsn, "bench_langgraph")
+        wanted = [w for w in wanted if w not in unavailable]
+        say(f"measuring {', '.join(wanted)}: N={args.n} (+{args.warmup} warm-up) per process x {args.rounds} rounds\n")
+
+        s3_opts = f"endpoint={endpoint}&region=us-east-1&access_key_id=testing&secret_access_key=testing"
+        common = ["--n", str(args.n), "--warmup", str(args.warmup), "--dir", str(workdir)]
+
+        def ours_url(backend: str, k: int) -> str:
+            return {"local": str(workdir / "local-store"),
+                    "sqlite": f"sqlite:///{workdir / 'sqlite-store' / 'journal.db'}",
+                    "postgres": f"{dsn}?table=bench_journal&create_schema=1&lease_ttl_ms=30000",
+                    "s3": f"s3://bench/ours?{s3_opts}",
+                    "http": http_url or ""}[backend]
+
+        def job(name: str, *a: str, peer: bool = False) -> None:
+            result = runner(name.split(":")[0], *a, peer=peer)
+            result["round"] = k
+            raw.setdefault(name.split(":", 1)[1] if ":" in name else name, []).append(result)
+            st = result.get("stats") or {}
+            label = name.split(":", 1)[1] if ":" in name else name
+            say(f"  round {k + 1} {label:<14} " + (f"median {fmt_us(st.get('median_us')):>8}  p99 {fmt_us(st.get('p99_us')):>8}"
+                                                   if "error" not in result else f"ERROR {result['error']}"))
+
+        for k in range(args.rounds):
+            flip = k % 2 == 1
+            pairs = []
+            if {"local", "sqlite"} & set(wanted):
+                pairs.append([("floor_fsync:floor_fsync", ["--tag", f"a{k}"], False)])
+            for backend in ("local", "sqlite", "postgres", "s3", "http"):
+                if backend not in wanted:
+                    continue
+                floor = {"local": None, "sqlite": ("floor_sqlite", ["--tag", f"{k}"]),
+                         "postgres": ("floor_pg", ["--dsn", dsn or "", "--tag", f"r{k}"]),
+                         "s3": ("floor_s3", ["--url", f"s3://bench?{s3_opts}", "--tag", f"r{k}"]),
+                         "http": ("floor_http", ["--url", http_url or ""])}[backend]
+                ours_job = (f"ours:ours_{backend}", ["--url", ours_url(backend, k), "--run-id", f"bench-{backend}-r{k}"], False)
+                pair = [ours_job] if floor is None else [(f"{floor[0]}:{floor[0]}", floor[1], False), ours_job]
+                if backend == "postgres":
+                    if "langgraph" in wanted:
+                        pair.append(("lg_pg:lg_pg", ["--dsn", lg_dsn, "--tag", f"r{k}"], True))
+                    if "dbos" in wanted:
+                        pair.append(("dbos_pg:dbos_pg", ["--dsn", create_database(dsn, f"bench_dbos_r{k}"), "--tag", f"r{k}"], True))
+                pairs.append(list(reversed(pair)) if flip and len(pair) > 1 else pair)
+                if backend == "sqlite":
+                    pairs.append([("floor_fsync:floor_fsync", ["--tag", f"b{k}"], False)])
+            for pair in pairs:
+                for name, a, peer in pair:
+                    job(name, *a, *common, peer=peer)
+
+        # ---- assemble ----------------------------------------------------------------------------
+        def summ(key: str) -> dict | None:
+            return summary(pooled(raw.get(key, [])))
+
+        floors = {"local": "floor_fsync", "sqlite": "floor_fsync", "postgres": "floor_pg", "s3": "floor_s3",
+                  "http": "floor_http"}
+        floor_label = {"floor_fsync": "write+fdatasync 152 B, same disk",
+                       "floor_sqlite": "bare SQLite WAL synchronous=FULL INSERT commit",
+                       "floor_pg": "bare 1-row INSERT + COMMIT (autocommit), same server",
+                       "floor_s3": "bare obstore PUT 152 B, same moto server",
+                       "floor_http": "bare POST round trip, same service"}
+        rows, verdicts = [], {}
+        summary_out: dict = {}
+        for backend in BACKENDS:
+            if backend in unavailable and backend in (args.only or ",".join(BACKENDS)).split(","):
+                rows.append([backend, "-", "-", "-", "-", f"not run: {unavailable[backend]}"[:60]])
+                continue
+            if backend not in wanted:
+                continue
+            o, f = summ(f"ours_{backend}"), summ(floors[backend])
+            if not o or not f:
+                rows.append([backend, "-", "-", "-", "-", "ERROR (see JSON)"])
+                continue
+            ratio = o["median_us"] / f["median_us"]
+            ok = ratio <= TARGET
+            verdicts[backend] = {"ratio": ratio, "pass": ok}
+            per_round = []
+            for r in range(args.rounds):
+                orr = [x for x in raw.get(f"ours_{backend}", []) if x.get("round") == r and "stats" in x]
+                frr = [x for x in raw.get(floors[backend], []) if x.get("round") == r and "stats" in x]
+                if orr and frr:
+                    per_round.append(orr[0]["stats"]["median_us"] / statistics.median(x["stats"]["median_us"] for x in frr))
+            verdicts[backend]["per_round_ratios"] = per_round
+            summary_out[backend] = {"ours": o, "floor": f, "floor_kind": floors[backend], "ratio": ratio, "pass": ok,
+                                    "per_round_ratios": per_round}
+            rows.append([backend, fmt_us(o["median_us"]), fmt_us(o["p99_us"]), fmt_us(f["median_us"]), f"{ratio:.2f}x",
+                         "PASS" if ok else "MISS"])
+            if backend == "sqlite" and summ("floor_sqlite"):
+                fs = summ("floor_sqlite")
+                summary_out["sqlite"]["vs_bare_sqlite"] = {"floor": fs, "ratio": o["median_us"] / fs["median_us"]}
+                rows.append(["  sqlite vs bare SQLite WAL FULL commit", fmt_us(o["median_us"]), fmt_us(o["p99_us"]),
+                             fmt_us(fs["median_us"]), f"{o['median_us'] / fs['median_us']:.2f}x", "(info)"])
+        for peer, key, label in (("langgraph", "lg_pg", "LangGraph PostgresSaver sync (peer)"),
+                                 ("dbos", "dbos_pg", "DBOS step on Postgres (peer)")):
+            if peer in unavailable:
+                rows.append([label, "-", "-", "-", "-", f"not run: {unavailable[peer]}"[:60]])
+                continue
+            if peer not in wanted:
+                continue
+            p, f = summ(key), summ("floor_pg")
+            if not p or not f:
+                rows.append([label, "-", "-", "-", "-", "ERROR (see JSON)"])
+                continue
+            summary_out[peer] = {"peer": p, "floor": f, "ratio": p["median_us"] / f["median_us"]}
+            rows.append([label, fmt_us(p["median_us"]), fmt_us(p["p99_us"]), fmt_us(f["median_us"]),
+                         f"{p['median_us'] / f['median_us']:.2f}x", "-"])
+
+        # ---- profile the misses --------------------------------------------------------------------
+        misses = [b for b, v in verdicts.items() if not v["pass"]]
+        if misses and not args.no_profile:
+            say("\nprofiling the backends that missed (one more process each, under cProfile) ...")
+            for backend in misses:
+                path = HERE / "results" / f"stores_profile_{backend}.txt"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                k = args.rounds
+                result = runner("ours", "--url", ours_url(backend, k), "--run-id", f"bench-{backend}-profile",
+                                "--profile", str(path), *common)
+                profiles[backend] = result
+                if "error" in result:
+                    say(f"  {backend}: ERROR {result['error']}")
+
+        # ---- print ---------------------------------------------------------------------------------
+        say("")
+        say(table(["backend", "ours median", "ours p99", "floor median", "ratio ours/floor", f"target (<= {TARGET}x)"], rows))
+        say("")
+        for backend in BACKENDS:
+            if backend in summary_out:
+                say(f"floor for {backend:<8}: {floor_label[floors[backend]]}; p99 {fmt_us(summary_out[backend]['floor']['p99_us'])}; "
+                    f"ratio per round: {', '.join(f'{x:.2f}x' for x in summary_out[backend]['per_round_ratios'])}")
+        if "sqlite" in summary_out and "vs_bare_sqlite" in summary_out["sqlite"]:
+            say(f"bare SQLite commit: {floor_label['floor_sqlite']}; p99 "
+                f"{fmt_us(summary_out['sqlite']['vs_bare_sqlite']['floor']['p99_us'])}")
+        for s3r in raw.get("floor_s3", [])[:1]:
+            if "create" in s3r:
+                say(f"s3 floor with mode='create' (If-None-Match), round 1: median {fmt_us(s3r['create']['median_us'])}")
+        for backend in ("http",):
+            if backend in unavailable:
+                say(f"http: {unavailable[backend]}")
+        peer_lines = []
+        for key, label in (("lg_pg", "LangGraph"), ("dbos_pg", "DBOS")):
+            ok = [r for r in raw.get(key, []) if "stats" in r]
+            if ok:
+                peer_lines.append(f"{label}: whole run / N = {fmt_us(statistics.median(r['total_per_step_us'] for r in ok))} "
+                                  f"per step, CPU {fmt_us(statistics.median(r['cpu_us_per_step'] for r in ok))} per step")
+        if peer_lines:
+            say("peers (sample = gap between consecutive node/step entries): " + "; ".join(peer_lines))
+
+        # where ours' time goes
+        say("\nwhere ours' time goes (medians over all rounds' processes; us per checkpoint):")
+        prow = []
+        for backend in BACKENDS:
+            ok = [r for r in raw.get(f"ours_{backend}", []) if "stats" in r]
+            if not ok:
+                continue
+            med = lambda f: statistics.median(f(r) for r in ok)  # noqa: E731
+            part = lambda name: med(lambda r: r["parts"].get(name, {}).get("median_us") or 0.0)  # noqa: E731
+            prow.append([backend, fmt_us(summary_out.get(backend, {}).get("ours", {}).get("median_us")),
+                         fmt_us(part("store.append")), f"{fmt_us(part('io'))} ({ok[0]['io_name']})",
+                         fmt_us(part("store.append minus io")), fmt_us(part("outside store.append")),
+                         f"{fmt_us(med(lambda r: r['cpu_user_us_per_ckpt']))} + {fmt_us(med(lambda r: r['cpu_sys_us_per_ckpt']))}",
+                         f"{med(lambda r: r['durable_open_s']) * 1e3:.1f} ms", f"{med(lambda r: r['close_s']) * 1e3:.1f} ms"])
+        if prow:
+            say(table(["backend", "checkpoint", "store.append", "I/O call (what)", "append - I/O", "outside append",
+                       "CPU user + sys", "durable() open", "close"], prow))
+        for backend, result in profiles.items():
+            if "profile_top_tottime" not in result:
+                continue
+            say(f"\ncProfile of ours on {backend} (MISS): {result['stats']['median_us']:.0f} us median per checkpoint "
+                f"in that run; top functions by own time, us per checkpoint "
+                f"(full: benchmarks/results/stores_profile_{backend}.txt):")
+            for entry in result["profile_top_tottime"][:10]:
+                say(f"  {entry['tottime_us_per_ckpt']:8.1f} own  {entry['cumtime_us_per_ckpt']:8.1f} cum  "
+                    f"{entry['calls_per_ckpt']:5.2f} calls  {entry['function']}")
+        notes["servers"] = servers.notes
+        notes["unavailable"] = unavailable
+        notes["loadavg_end"] = os.getloadavg()
+        notes["wall_s"] = time.perf_counter() - started
+        for r in raw.get("floor_pg", [])[:1]:
+            notes["postgres_settings"] = r.get("settings")
+            say(f"\npostgres: " + ", ".join(f"{k}={v}" for k, v in (r.get("settings") or {}).items()))
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"notes": notes, "target_ratio": TARGET, "summary": summary_out, "verdicts": verdicts,
+                                   "profiles": profiles, "raw": raw}, indent=1))
+        say(f"raw numbers (every sample): {out}")
+        say(f"wall time {notes['wall_s']:.0f} s; load average {notes['loadavg_start'][0]:.2f} at start, "
+            f"{notes['loadavg_end'][0]:.2f} at end")
+    except KeyboardInterrupt:
+        say("interrupted: stopping servers")
+    finally:
+        servers.stop()
+        if args.keep:
+            say(f"kept {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    reexec_in_repo_venv()
+    sys.exit(main())

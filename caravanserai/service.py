@@ -1,0 +1,506 @@
+"""The journal service: ``caravanserai serve``, the server side of ``http(s)://`` stores.
+
+A Starlette app (``create_app(store, token)``) that puts any other ``Store`` (a local directory,
+SQLite, PostgreSQL, object storage) behind the wire protocol of ``docs/http-protocol.md``; run it
+with ``serve(store_url)`` under uvicorn (``pip install 'caravanserai[http]'``).
+
+- **Auth.** Every endpoint but ``GET /health`` needs ``Authorization: Bearer <token>``, compared
+  in constant time (``hmac.compare_digest`` over SHA-256 digests, so not even the length leaks).
+- **Leases.** The service keeps its own lease table: run → (token, holder, expiry by the
+  *service's* monotonic clock). While a client holds a run, the service holds the backing store's
+  lease for it and appends through that; when the client's lease expires (it stopped renewing)
+  the service lets the backing lease go, and the next client takes the run over with a larger
+  token. Tokens are the backing store's fencing tokens where they grow, and never go backwards
+  while the service runs.
+- **Fencing.** An append carries the lease token and its seq; a token that is not the current
+  one, an expired lease or a wrong seq is refused with 409, whatever the client's clock says.
+- **Retries.** Mutating requests may carry ``Idempotency-Key``; a repeat of a key the service has
+  answered in the last 10 minutes gets the recorded answer instead of running again, so a client
+  retrying after a lost response appends once and creates once.
+
+Blocking store calls (fsync, SQL) run in Starlette's thread pool; operations on one run are
+serialised by a lock striped over run ids, different runs proceed in parallel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import sys
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .errors import (
+    CaravanseraiError,
+    InvalidRunId,
+    LeaseLost,
+    MissingExtra,
+    ObjectNotFound,
+    RunLocked,
+    StoreUnavailable,
+)
+from .ids import RUN_ID_PATTERN, is_legacy_readable
+from .stores.base import Lease, ObjectStore, Store, describe_holder
+from .stores.http import PROTOCOL, TOKEN_ENV, HttpDurableStore, HttpTokenRequired, is_loopback
+
+__all__ = ["JournalService", "check_bearer", "create_app", "serve"]
+
+MIN_TTL_MS = 3_000
+MAX_TTL_MS = 600_000
+DEFAULT_TTL_MS = 30_000
+MAX_BODY_BYTES = 256 * 1024 * 1024
+MAX_HOLDER_BYTES = 4096
+REPLAY_SECONDS = 600.0
+REPLAY_ENTRIES = 10_000
+REPLAY_MAX_BODY = 4096  # mutating answers are tiny; at most ~40 MB of memory
+
+
+def check_bearer(header: str | None, expected: bytes) -> bool:
+    """True if ``header`` is ``Bearer <expected>``; constant time in the token's content and length."""
+    scheme, _, given = (header or "").partition(" ")
+    if scheme.lower() != "bearer":
+        given = ""
+    return hmac.compare_digest(hashlib.sha256(given.strip().encode("utf-8", "surrogateescape")).digest(),
+                               hashlib.sha256(expected).digest())
+
+
+class ApiError(Exception):
+    """An error answer: HTTP status, a stable ``code``, a one-line message and extra JSON fields."""
+
+    def __init__(self, status: int, code: str, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.fields = status, code, message, fields
+
+
+@dataclass
+class _Held:
+    token: int
+    holder: dict
+    lease_id: str | None
+    ttl: float
+    expires_at: float  # the service's monotonic clock
+    backing: Lease
+    next_seq: int
+
+
+class _Replay:
+    """Answers to mutating requests by Idempotency-Key, so a client's retry is applied once."""
+
+    def __init__(self, seconds: float = REPLAY_SECONDS, entries: int = REPLAY_ENTRIES) -> None:
+        self.seconds, self.entries = seconds, entries
+        self._lock = threading.Lock()
+        self._done: OrderedDict[tuple, tuple[float, int, bytes, str]] = OrderedDict()
+        self._running: dict[tuple, threading.Event] = {}
+
+    def begin(self, key: tuple) -> tuple[int, bytes, str] | None:
+        """The recorded answer for ``key``, or None once the caller owns ``key`` (call ``finish``)."""
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                while self._done and next(iter(self._done.values()))[0] < now:
+                    self._done.popitem(last=False)
+                if key in self._done:
+                    return self._done[key][1:]
+                running = self._running.get(key)
+                if running is None:
+                    self._running[key] = threading.Event()
+                    return None
+            running.wait(30)  # the same request still running: wait for its answer
+
+    def finish(self, key: tuple, answer: tuple[int, bytes, str] | None) -> None:
+        with self._lock:
+            if answer is not None:
+                self._done[key] = (time.monotonic() + self.seconds, *answer)
+                while len(self._done) > self.entries:
+                    self._done.popitem(last=False)
+            event = self._running.pop(key, None)
+        if event is not None:
+            event.set()
+
+
+class JournalService:
+    """The protocol's logic, independent of Starlette: a lease table in front of a backing store."""
+
+    def __init__(self, store: Store, *, max_ttl_ms: int = MAX_TTL_MS, reap_every: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if isinstance(store, HttpDurableStore):
+            raise ValueError("the journal service must be backed by a local, SQL or object store, not another http(s):// one")
+        self.store = store
+        self.max_ttl_ms = max_ttl_ms
+        self.clock = clock
+        self._held: dict[str, _Held] = {}
+        self._last_token: dict[str, int] = {}
+        self._table = threading.Lock()
+        self._stripes = [threading.Lock() for _ in range(64)]
+        self._views = type(store).committed is not Store.committed
+        self._stop = threading.Event()
+        self._reaper = threading.Thread(target=self._reap_loop, args=(reap_every,), name="caravanserai-serve-reaper",
+                                        daemon=True)
+        self._reaper.start()
+
+    # ---- lease table -------------------------------------------------------------------------
+    def _lock(self, run_id: str) -> threading.Lock:
+        return self._stripes[hash(run_id) % len(self._stripes)]
+
+    def _drop(self, run_id: str, held: _Held) -> None:
+        with self._table:
+            if self._held.get(run_id) is held:
+                del self._held[run_id]
+        try:
+            held.backing.release()
+        except Exception:
+            pass  # the backing lease expires by itself
+
+    def _current(self, run_id: str) -> _Held | None:
+        """The live lease on ``run_id`` (an expired one is dropped here). Call under the run's lock."""
+        held = self._held.get(run_id)
+        if held is not None and (held.expires_at <= self.clock() or not held.backing.held):
+            self._drop(run_id, held)
+            return None
+        return held
+
+    def reap(self) -> None:
+        """Let go of the backing leases of every expired client lease."""
+        with self._table:
+            candidates = [(run_id, held) for run_id, held in self._held.items() if held.expires_at <= self.clock()]
+        for run_id, held in candidates:
+            with self._lock(run_id):
+                if self._held.get(run_id) is held and held.expires_at <= self.clock():
+                    self._drop(run_id, held)
+
+    def _reap_loop(self, every: float) -> None:
+        while not self._stop.wait(every):
+            try:
+                self.reap()
+            except Exception:
+                pass
+
+    def close(self) -> None:
+        """Stop the reaper and release every backing lease (clients see ``lease_lost`` after a restart)."""
+        self._stop.set()
+        with self._table:
+            held = list(self._held.items())
+        for run_id, entry in held:
+            self._drop(run_id, entry)
+
+    # ---- journal ------------------------------------------------------------------------------
+    def acquire(self, run_id: str, holder: dict, ttl_ms: int) -> dict:
+        ttl_ms = min(int(ttl_ms), self.max_ttl_ms)
+        lease_id = holder.get("lease") if isinstance(holder.get("lease"), str) else None
+        with self._lock(run_id):
+            current = self._current(run_id)
+            if current is not None:
+                if lease_id is not None and current.lease_id == lease_id:  # a retry of an acquire that succeeded
+                    current.expires_at = self.clock() + current.ttl
+                    return self._grant(current, self.store.load(run_id))
+                raise RunLocked(f"run {run_id!r} is being written by {describe_holder(current.holder)} (through the "
+                                "journal service); wait for its lease to expire or stop that process",
+                                run_id=run_id, holder=current.holder)
+            backing = self.store.acquire(run_id)  # RunLocked if a writer outside the service holds it
+            try:
+                lines = self.store.load_held(backing)
+                token = max(int(backing.token), self._last_token.get(run_id, 0) + 1)
+                held = _Held(token, {**holder, "token": token}, lease_id, ttl_ms / 1000, self.clock() + ttl_ms / 1000,
+                             backing, len(lines))
+                with self._table:
+                    self._held[run_id] = held
+                    self._last_token[run_id] = token
+            except BaseException:
+                backing.release()
+                raise
+        try:
+            self.store.refresh_views(run_id, writer=True)  # finish views a killed writer left (local store)
+        except Exception:
+            pass
+        return self._grant(held, lines)
+
+    @staticmethod
+    def _grant(held: _Held, lines: list[str]) -> dict:
+        return {"token": held.token, "ttl_ms": int(held.ttl * 1000), "holder": held.holder, "next_seq": held.next_seq,
+                "lines": lines}
+
+    def _check(self, run_id: str, token: int, what: str) -> _Held:
+        held = self._held.get(run_id)
+        if held is None or held.token != token:
+            now = "no writer holds it now" if held is None else f"it is held with token {held.token} now"
+            raise LeaseLost(f"run {run_id!r}: lease token {token} is not the current lease ({now}); {what} refused: "
+                            "open the run again", run_id=run_id)
+        if self._current(run_id) is None:
+            raise LeaseLost(f"run {run_id!r}: the lease (token {token}) expired before it was renewed; {what} refused: "
+                            "open the run again", run_id=run_id)
+        return held
+
+    def renew(self, run_id: str, token: int) -> dict:
+        with self._lock(run_id):
+            held = self._check(run_id, token, "renewal")
+            held.expires_at = self.clock() + held.ttl
+            return {"token": held.token, "ttl_ms": int(held.ttl * 1000)}
+
+    def release(self, run_id: str, token: int) -> dict:
+        with self._lock(run_id):
+            held = self._held.get(run_id)
+            if held is None or held.token != token:
+                return {"released": False}
+            self._drop(run_id, held)
+            return {"released": True}
+
+    def append(self, run_id: str, token: int, seq: int, lines: list[str], sync: bool) -> dict:
+        with self._lock(run_id):
+            held = self._check(run_id, token, "append")
+            if seq != held.next_seq:
+                raise ApiError(409, "seq_mismatch", f"append to run {run_id!r} at seq {seq}, but the journal's next seq "
+                               f"is {held.next_seq}", run_id=run_id, expected=held.next_seq)
+            try:
+                self.store.append(run_id, lines, lease=held.backing, seq=seq, sync=sync)
+            except LeaseLost as exc:
+                self._drop(run_id, held)
+                raise LeaseLost(f"run {run_id!r}: the backing store refused the append ({exc}); open the run again",
+                                run_id=run_id) from None
+            except ValueError as exc:
+                raise ApiError(409, "seq_mismatch", f"the backing store refused the append to run {run_id!r}: {exc}",
+                               run_id=run_id) from None
+            held.next_seq += len(lines)
+            if self._views:
+                try:
+                    self.store.committed(run_id, [json.loads(line) for line in lines])
+                except Exception:
+                    pass  # views are a convenience; the journal is the truth
+            return {"next_seq": held.next_seq}
+
+    def remove(self, run_id: str) -> dict:
+        with self._lock(run_id):
+            held = self._current(run_id)
+            if held is not None:
+                raise RunLocked(f"run {run_id!r} is being written by {describe_holder(held.holder)} (through the journal "
+                                "service); stop it before cleaning", run_id=run_id, holder=held.holder)
+            return {"removed": bool(self.store.remove(run_id))}
+
+
+# ---- HTTP layer -----------------------------------------------------------------------------------
+def _json_body(body: bytes) -> dict:
+    try:
+        value = json.loads(body or b"{}")
+    except ValueError:
+        raise ApiError(400, "bad_request", "the request body must be a JSON object") from None
+    if not isinstance(value, dict):
+        raise ApiError(400, "bad_request", "the request body must be a JSON object")
+    return value
+
+
+def _int(body: dict, name: str, default: int | None = None) -> int:
+    value = body.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(400, "bad_request", f"field {name!r} must be an integer")
+    return value
+
+
+def _run_id(request: Any, *, new: bool = False) -> str:
+    run_id = request.path_params["run"]
+    ok = RUN_ID_PATTERN.fullmatch(run_id) if new else (is_legacy_readable(run_id) and not run_id.startswith(".")
+                                                     and len(run_id) <= 255)
+    if not ok:
+        raise InvalidRunId(f"invalid run id {run_id[:40]!r}: use 1-128 characters from A-Z a-z 0-9 . _ - starting "
+                           "with a letter or digit", run_id=run_id)
+    return run_id
+
+
+def _error(status: int, code: str, message: str, **fields: Any) -> Any:
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"error": {"code": code, "message": message, **fields}}, status_code=status)
+
+
+def _error_for(exc: BaseException) -> Any:
+    if isinstance(exc, ApiError):
+        return _error(exc.status, exc.code, exc.message, **exc.fields)
+    if isinstance(exc, (RunLocked, LeaseLost)):
+        fields = {k: v for k, v in exc.to_dict().items() if k not in ("code", "message")}
+        return _error(409, exc.code, exc.message, **fields)
+    if isinstance(exc, InvalidRunId):
+        return _error(400, exc.code, exc.message)
+    if isinstance(exc, ObjectNotFound):
+        return _error(404, exc.code, exc.message, key=exc.fields.get("key"))
+    if isinstance(exc, StoreUnavailable):
+        return _error(503, exc.code, exc.message)
+    if isinstance(exc, CaravanseraiError):
+        return _error(500, exc.code, exc.message)
+    if isinstance(exc, ValueError):
+        return _error(400, "bad_request", " ".join(str(exc).split()))
+    return _error(500, "internal_error", f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+
+
+def create_app(store: Store, token: str, *, max_ttl_ms: int = MAX_TTL_MS, max_body_bytes: int = MAX_BODY_BYTES) -> Any:
+    """The Starlette app serving ``store`` to clients that present ``token``."""
+    try:
+        from starlette.applications import Starlette
+        from starlette.concurrency import run_in_threadpool
+        from starlette.responses import JSONResponse, Response
+        from starlette.routing import Route
+    except ImportError as exc:
+        raise MissingExtra("the journal service needs Starlette and uvicorn: pip install 'caravanserai[http]'",
+                           extra="http") from exc
+    if not token or not isinstance(token, str) or not token.strip():
+        raise HttpTokenRequired(f"the journal service needs a token: pass one or set {TOKEN_ENV}")
+    expected = token.strip().encode("utf-8", "surrogateescape")
+    service = JournalService(store, max_ttl_ms=max_ttl_ms)
+    replay = _Replay()
+    objects: ObjectStore = store.objects
+
+    def handle(fn: Callable[[Any, bytes], Any], request: Any, body: bytes, key: tuple | None) -> Any:
+        if key is not None:
+            recorded = replay.begin(key)
+            if recorded is not None:
+                status, content, media = recorded
+                return Response(content, status_code=status, media_type=media, headers={"Idempotent-Replay": "true"})
+        response = None
+        try:
+            response = fn(request, body)
+        except Exception as exc:  # every failure is a JSON error answer
+            response = _error_for(exc)
+        finally:
+            if key is not None:
+                keep = response is not None and response.status_code < 500 and len(response.body) <= REPLAY_MAX_BODY
+                replay.finish(key, (response.status_code, bytes(response.body), response.media_type) if keep else None)
+        return response
+
+    def endpoint(fn: Callable[[Any, bytes], Any]) -> Callable[[Any], Any]:
+        async def run(request: Any) -> Any:
+            if not check_bearer(request.headers.get("authorization"), expected):
+                response = _error(401, "unauthorized", "missing or wrong bearer token")
+                response.headers["WWW-Authenticate"] = 'Bearer realm="caravanserai"'
+                return response
+            declared = request.headers.get("content-length")
+            if declared and declared.isdigit() and int(declared) > max_body_bytes:
+                return _error(413, "body_too_large", f"request bodies are limited to {max_body_bytes} bytes")
+            body = await request.body()
+            if len(body) > max_body_bytes:
+                return _error(413, "body_too_large", f"request bodies are limited to {max_body_bytes} bytes")
+            idem = request.headers.get("idempotency-key")
+            key = None
+            if idem and request.method not in ("GET", "HEAD") and fn is not acquire:
+                key = (request.method, request.url.path, idem[:200])
+            return await run_in_threadpool(handle, fn, request, body, key)
+
+        return run
+
+    # -- handlers (run in the thread pool) --
+    def list_runs(request: Any, body: bytes) -> Any:
+        return JSONResponse({"runs": sorted(store.list())})
+
+    def load(request: Any, body: bytes) -> Any:
+        lines = store.load(_run_id(request))
+        return JSONResponse({"lines": lines, "next_seq": len(lines)})
+
+    def remove(request: Any, body: bytes) -> Any:
+        return JSONResponse(service.remove(_run_id(request)))
+
+    def acquire(request: Any, body: bytes) -> Any:
+        data = _json_body(body)
+        holder = data.get("holder", {})
+        if not isinstance(holder, dict) or len(json.dumps(holder)) > MAX_HOLDER_BYTES:
+            raise ApiError(400, "bad_request", f"'holder' must be a JSON object of at most {MAX_HOLDER_BYTES} bytes")
+        ttl_ms = _int(data, "ttl_ms", DEFAULT_TTL_MS)
+        if ttl_ms < MIN_TTL_MS:
+            raise ApiError(400, "bad_request", f"ttl_ms must be at least {MIN_TTL_MS}")
+        return JSONResponse(service.acquire(_run_id(request, new=True), holder, ttl_ms))
+
+    def renew(request: Any, body: bytes) -> Any:
+        return JSONResponse(service.renew(_run_id(request), _int(_json_body(body), "token")))
+
+    def release(request: Any, body: bytes) -> Any:
+        return JSONResponse(service.release(_run_id(request), _int(_json_body(body), "token")))
+
+    def append(request: Any, body: bytes) -> Any:
+        data = _json_body(body)
+        lines = data.get("lines")
+        if not isinstance(lines, list) or not lines or not all(isinstance(x, str) and "\n" not in x for x in lines):
+            raise ApiError(400, "bad_request", "'lines' must be a non-empty list of strings without newlines")
+        sync = data.get("sync", True)
+        if not isinstance(sync, bool):
+            raise ApiError(400, "bad_request", "'sync' must be true or false")
+        return JSONResponse(service.append(_run_id(request), _int(data, "token"), _int(data, "seq"), lines, sync))
+
+    def list_objects(request: Any, body: bytes) -> Any:
+        return JSONResponse({"keys": sorted(objects.list(request.query_params.get("prefix", "")))})
+
+    def object_(request: Any, body: bytes) -> Any:
+        key = ObjectStore.check_key(request.path_params["key"])
+        method = request.method
+        if method == "GET":
+            return Response(objects.get(key), media_type="application/octet-stream")
+        if method == "HEAD":
+            return Response(b"", status_code=200 if objects.exists(key) else 404)
+        if method == "DELETE":
+            return JSONResponse({"deleted": bool(objects.delete(key))})
+        if request.headers.get("if-none-match", "").strip() == "*":
+            if objects.put_if_absent(key, body):
+                return JSONResponse({"created": True}, status_code=201)
+            return _error(412, "object_exists", f"an object already exists at key {key!r}", key=key)
+        objects.put(key, body)
+        return JSONResponse({"written": True})
+
+    async def health(request: Any) -> Any:
+        return JSONResponse({"status": "ok", "service": "caravanserai-journal", "protocol": PROTOCOL})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any):
+        yield
+        service.close()
+
+    app = Starlette(
+        routes=[
+            Route("/health", health, methods=["GET"]),
+            Route("/v1/runs", endpoint(list_runs), methods=["GET"]),
+            Route("/v1/runs/{run}", endpoint(load), methods=["GET"]),
+            Route("/v1/runs/{run}", endpoint(remove), methods=["DELETE"]),
+            Route("/v1/runs/{run}/acquire", endpoint(acquire), methods=["POST"]),
+            Route("/v1/runs/{run}/renew", endpoint(renew), methods=["POST"]),
+            Route("/v1/runs/{run}/release", endpoint(release), methods=["POST"]),
+            Route("/v1/runs/{run}/append", endpoint(append), methods=["POST"]),
+            Route("/v1/objects", endpoint(list_objects), methods=["GET"]),
+            Route("/v1/objects/{key:path}", endpoint(object_), methods=["GET", "HEAD", "PUT", "DELETE"]),
+        ],
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    return app
+
+
+def serve(store_url: str, host: str = "127.0.0.1", port: int = 8765, token: str | None = None, *,
+          ssl_certfile: str | None = None, ssl_keyfile: str | None = None, log_level: str = "warning",
+          max_ttl_ms: int = MAX_TTL_MS) -> None:
+    """Run the journal service for ``store_url`` under uvicorn until SIGINT/SIGTERM.
+
+    The token comes from ``token`` or ``$CARAVANSERAI_HTTP_TOKEN``; without one the service
+    refuses to start (``HttpTokenRequired``).
+    """
+    from .stores import open_store
+
+    token = token or os.environ.get(TOKEN_ENV)
+    if not token or not token.strip():
+        raise HttpTokenRequired(f"the journal service needs a token: pass --token or set {TOKEN_ENV}")
+    try:
+        import uvicorn
+    except ImportError as exc:
+        raise MissingExtra("the journal service needs Starlette and uvicorn: pip install 'caravanserai[http]'",
+                           extra="http") from exc
+    store = open_store(store_url)
+    try:
+        app = create_app(store, token, max_ttl_ms=max_ttl_ms)
+        tls = bool(ssl_certfile)
+        where = f"{'https' if tls else 'http'}://{f'[{host}]' if ':' in host else host}:{port}"
+        print(f"caravanserai: journal service on {where} backed by {store.url} (health: {where}/health)",
+              file=sys.stderr, flush=True)
+        if not tls and not is_loopback(host):
+            print(f"caravanserai: warning: serving plain http on {host}; clients refuse http:// outside localhost, "
+                  "so put TLS in front (a proxy, or --ssl-certfile/--ssl-keyfile)", file=sys.stderr, flush=True)
+        uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False, ssl_certfile=ssl_certfile,
+                    ssl_keyfile=ssl_keyfile, timeout_graceful_shutdown=5)
+    finally:
+        store.close()

@@ -1,0 +1,478 @@
+"""http:// against the conformance suite, through a real uvicorn service on 127.0.0.1.
+
+The service runs in a child process (``caravanserai.service.serve``) backed by a SQLite file or a
+local directory; the errors are triggered for real: an insecure URL, a missing or wrong token, a
+killed service, and a paused client fenced off after another client took its run over.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+
+from caravanserai import LeaseLost, RunLocked, StoreUnavailable  # noqa: E402
+from caravanserai.stores import http as http_module  # noqa: E402
+from caravanserai.stores.http import (  # noqa: E402
+    HttpDurableStore,
+    HttpInsecure,
+    HttpTokenRequired,
+    HttpUnauthorized,
+)
+from caravanserai.testing import StoreConformance, journal_machine, make_lines  # noqa: E402
+
+from conftest import REPO  # noqa: E402
+
+TOKEN = "test-token-0123456789abcdef"
+
+
+# ---- a real service in a child process ------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, store_url: str, token: str = TOKEN, port: int | None = None) -> None:
+        self.store_url = store_url
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        env.pop("CARAVANSERAI_HTTP_TOKEN", None)
+        code = f"from caravanserai.service import serve; serve({store_url!r}, port={self.port}, token={token!r})"
+        self.proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 20
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the service exited ({self.proc.returncode}): {self.proc.stderr.read()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError("the service did not answer /health within 20 s")
+            time.sleep(0.05)
+
+    def client(self, token: str = TOKEN, **options) -> HttpDurableStore:
+        options.setdefault("lock_ttl_ms", 3000)
+        return HttpDurableStore(self.url, token, **options)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        for stream in (self.proc.stdout, self.proc.stderr):
+            stream.close()
+
+
+_SHARED: dict[str, Server] = {}
+_ROOT: list[Path] = []
+
+
+def shared_server(kind: str) -> Server:
+    """One service per backing kind for the whole module (started on first use)."""
+    if kind not in _SHARED:
+        import tempfile
+
+        if not _ROOT:
+            _ROOT.append(Path(tempfile.mkdtemp(prefix="caravanserai-http-")))
+        root = _ROOT[0]
+        url = f"sqlite:///{root}/{kind}.db?lease_ttl_ms=3000" if kind == "sqlite" else str(root / "dir-store")
+        _SHARED[kind] = Server(url)
+    return _SHARED[kind]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_shared_servers():
+    yield
+    for server in _SHARED.values():
+        server.stop()
+    _SHARED.clear()
+    if _ROOT:
+        import shutil
+
+        shutil.rmtree(_ROOT.pop(), ignore_errors=True)
+
+
+# ---- conformance ------------------------------------------------------------------------------------
+class TestHttpStoreOnSqlite(StoreConformance):
+    @pytest.fixture
+    def store(self):
+        store = shared_server("sqlite").client()
+        yield store
+        store.close()
+
+
+class TestHttpStoreOnLocalDirectory(StoreConformance):
+    @pytest.fixture
+    def store(self):
+        store = shared_server("dir").client()
+        yield store
+        store.close()
+
+
+_MACHINE_STORES: list[HttpDurableStore] = []
+
+
+def _machine_store() -> HttpDurableStore:
+    while _MACHINE_STORES:  # the previous example's teardown has released its lease
+        _MACHINE_STORES.pop().close()
+    store = shared_server("sqlite").client()
+    _MACHINE_STORES.append(store)
+    return store
+
+
+TestHttpJournalMachine = journal_machine(_machine_store).TestCase
+try:
+    from hypothesis import settings
+
+    TestHttpJournalMachine.settings = settings(max_examples=50, stateful_step_count=20, deadline=None)
+except ImportError:  # pragma: no cover
+    pass
+
+
+# ---- configuration errors ---------------------------------------------------------------------------
+@pytest.mark.parametrize("url", ["http://example.com/journal", "http://10.0.0.7:8765", "http://127.example.com"])
+def test_plain_http_outside_localhost_is_refused(url):
+    with pytest.raises(HttpInsecure, match="journal URL must be https outside localhost") as info:
+        HttpDurableStore(url, TOKEN)
+    assert info.value.code == "durable_http_insecure"
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("url", ["http://localhost:1", "http://127.0.0.1:1/prefix", "http://[::1]:1",
+                                 "https://journal.example.com/caravanserai"])
+def test_https_or_loopback_is_accepted_without_contacting_anything(url):
+    store = HttpDurableStore(url, TOKEN)
+    assert TOKEN not in store.url and TOKEN not in repr(store)
+    store.close()
+
+
+@pytest.mark.parametrize("token", [None, "", "   "])
+def test_missing_token_is_refused(token):
+    with pytest.raises(HttpTokenRequired, match="needs a token") as info:
+        HttpDurableStore("https://journal.example.com", token)
+    assert info.value.code == "durable_http_token_required"
+
+
+def test_from_url_reads_the_token_and_options_from_the_url_or_the_environment(monkeypatch):
+    monkeypatch.delenv("CARAVANSERAI_HTTP_TOKEN", raising=False)
+    with pytest.raises(HttpTokenRequired):
+        HttpDurableStore.from_url("https://journal.example.com/x")
+    store = HttpDurableStore.from_url("https://journal.example.com/x/?token=s3cret&lock_ttl_ms=5000&retries=1")
+    assert (store.url, store.lock_ttl_ms, store.retries) == ("https://journal.example.com/x", 5000, 1)
+    assert "s3cret" not in store.url
+    monkeypatch.setenv("CARAVANSERAI_HTTP_TOKEN", "from-env")
+    assert HttpDurableStore.from_url("http://localhost:9/").url == "http://localhost:9"
+    with pytest.raises(ValueError, match="unknown option"):
+        HttpDurableStore.from_url("https://journal.example.com/?bogus=1")
+    with pytest.raises(HttpInsecure):
+        HttpDurableStore.from_url("http://journal.example.com/?token=x")
+
+
+def test_open_store_routes_http_urls(monkeypatch):
+    from caravanserai import open_store
+    from caravanserai.stores import _SCHEMES
+
+    for scheme in ("http", "https"):  # the scheme table entries this backend needs
+        monkeypatch.setitem(_SCHEMES, scheme, ("caravanserai.stores.http", "HttpDurableStore", "http"))
+    monkeypatch.setenv("CARAVANSERAI_HTTP_TOKEN", TOKEN)
+    store = open_store("http://127.0.0.1:9/open-store-test")
+    assert isinstance(store, HttpDurableStore)
+
+
+def test_the_service_refuses_to_start_without_a_token(monkeypatch, tmp_path):
+    from caravanserai.service import serve
+
+    monkeypatch.delenv("CARAVANSERAI_HTTP_TOKEN", raising=False)
+    with pytest.raises(HttpTokenRequired):
+        serve(str(tmp_path / "s"))
+    env = {k: v for k, v in os.environ.items() if k != "CARAVANSERAI_HTTP_TOKEN"}
+    env["PYTHONPATH"] = str(REPO)
+    done = subprocess.run([sys.executable, "-c", f"from caravanserai.service import serve; serve({str(tmp_path)!r}, "
+                           f"port={free_port()})"], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "needs a token" in done.stderr
+
+
+# ---- errors from a real service -----------------------------------------------------------------------
+@pytest.fixture
+def sleeps(monkeypatch):
+    """Backoff sleeps of the HTTP store, recorded (and still slept, so timing stays real)."""
+    recorded: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        recorded.append(seconds)
+        time.sleep(seconds)
+
+    monkeypatch.setattr(http_module, "_sleep", sleep)
+    return recorded
+
+
+def test_wrong_token_is_a_clear_401_and_not_retried(sleeps):
+    server = shared_server("sqlite")
+    store = server.client(token="not-the-token")
+    sent: list[str] = []
+    store._client.event_hooks["request"].append(lambda request: sent.append(request.url.path))
+    assert store.health()["status"] == "ok"  # /health needs no token
+    sent.clear()
+    with pytest.raises(HttpUnauthorized) as info:
+        store.list()
+    assert info.value.code == "durable_http_unauthorized"
+    assert "refused the token (HTTP 401)" in str(info.value) and "not-the-token" not in str(info.value)
+    assert "\n" not in str(info.value)
+    assert sent == ["/v1/runs"] and sleeps == []
+    with pytest.raises(HttpUnauthorized):
+        store.acquire("any-run")
+    store.close()
+
+
+def test_killed_service_is_store_unavailable_after_bounded_retries_and_nothing_is_lost(tmp_path, sleeps):
+    db = f"sqlite:///{tmp_path}/killed.db?lease_ttl_ms=3000"
+    server = Server(db)
+    try:
+        store = server.client(retries=3)
+        lease = store.acquire("k")
+        first, tail = make_lines("k", 3)
+        store.append("k", first, lease=lease, seq=0)
+        server.kill()
+        more, _ = make_lines("k", 1, tail)
+        started = time.monotonic()
+        with pytest.raises(StoreUnavailable) as info:
+            store.append("k", more, lease=lease, seq=3)
+        elapsed = time.monotonic() - started
+    finally:
+        server.stop()
+    message = str(info.value)
+    assert len(sleeps) == 3 and elapsed < 10, (sleeps, elapsed)
+    assert "\n" not in message and server.url in message and "after 4 attempts" in message
+    assert "nothing acknowledged was lost" in message and info.value.code == "store_unavailable"
+
+    restarted = Server(db, port=server.port)  # the service again, same backing store: every acknowledged line is there
+    try:
+        assert store.load("k") == first
+        lease._deadline = time.monotonic() + 60  # even with a live-looking lease, the old lease died with the service
+        with pytest.raises(LeaseLost, match="not the current lease"):
+            store.append("k", more, lease=lease, seq=3)
+        assert store.load("k") == first
+        store.close()
+    finally:
+        restarted.stop()
+
+
+def test_paused_client_is_fenced_after_another_client_took_the_run_over():
+    server = shared_server("sqlite")
+    a, b = server.client(), server.client()
+    lease = a.acquire("fenced")
+    lease._stop.set()  # stop A's renewals: as if A were paused (SIGSTOP, a closed laptop lid)
+    first, tail = make_lines("fenced", 1)
+    a.append("fenced", first, lease=lease, seq=0)
+    with pytest.raises(RunLocked) as info:
+        b.acquire("fenced")
+    assert info.value.holder["pid"] == os.getpid() and info.value.holder["token"] == lease.token
+    time.sleep(3.3)  # past the 3 s lease, by the service's clock
+    taken = b.acquire("fenced")
+    assert taken.token > lease.token
+    assert b.load_held(taken) == first
+    more, _ = make_lines("fenced", 1, tail)
+    with pytest.raises(LeaseLost, match="expired"):  # A's own deadline has passed...
+        a.append("fenced", more, lease=lease, seq=1)
+    lease._lost, lease._deadline = None, time.monotonic() + 60  # ...and even if A's clock still trusted the lease,
+    with pytest.raises(LeaseLost, match="refused"):  # ...the service refuses its token
+        a.append("fenced", more, lease=lease, seq=1)
+    assert not lease.held
+    b.append("fenced", more, lease=taken, seq=1)
+    assert a.load("fenced") == first + more
+    taken.release()
+    a.close()
+    b.close()
+
+
+def test_lease_is_renewed_in_the_background_past_its_ttl():
+    server = shared_server("sqlite")
+    store = server.client()
+    lease = store.acquire("renewed")
+    time.sleep(4)  # longer than the 3 s lease: renewed at a third of it
+    lines, _ = make_lines("renewed", 2)
+    store.append("renewed", lines, lease=lease, seq=0)
+    lease.release()
+    assert store.load("renewed") == lines
+    store.close()
+
+
+def test_durable_checkpoints_through_the_service_render_views_in_the_backing_directory():
+    from caravanserai import history, load_latest
+    from caravanserai.waypoints import checkpoint
+
+    server = shared_server("dir")
+    store = server.client()
+    assert checkpoint("views-run", {"step": 1}, "first step", store=store) == 1
+    assert checkpoint("views-run", {"step": 2}, "second step", store=store) == 2
+    assert load_latest("views-run", store=store) == ({"step": 2}, "second step", 2)
+    assert [w.n for w in history("views-run", store=store)] == [1, 2]
+    run_dir = Path(server.store_url) / "views-run"
+    deadline = time.monotonic() + 10
+    while not (run_dir / "waypoint-2.md").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (run_dir / "waypoint-2.md").exists()
+    store.close()
+
+
+# ---- retries and idempotency, in process ---------------------------------------------------------------
+def _mock_store(handler, **options) -> HttpDurableStore:
+    return HttpDurableStore("http://127.0.0.1:9", TOKEN, transport=httpx.MockTransport(handler), **options)
+
+
+def test_5xx_is_retried_with_exponential_backoff_and_the_key_is_kept(sleeps):
+    seen: list[tuple[str, str | None]] = []
+
+    def handler(request):
+        seen.append((request.url.path, request.headers.get("idempotency-key")))
+        if len(seen) < 3:
+            return httpx.Response(503, json={"error": {"code": "store_unavailable", "message": "db busy"}})
+        return httpx.Response(200, json={"removed": True})
+
+    store = _mock_store(handler, backoff_ms=100)
+    assert store.remove("r") is True
+    assert len(seen) == 3 and len({key for _, key in seen}) == 1 and seen[0][1]
+    assert len(sleeps) == 2 and 0.05 <= sleeps[0] <= 0.1 and 0.1 <= sleeps[1] <= 0.2
+
+
+def test_4xx_is_not_retried(sleeps):
+    calls: list[int] = []
+
+    def handler(request):
+        calls.append(1)
+        return httpx.Response(400, json={"error": {"code": "bad_request", "message": "'lines' must be a list"}})
+
+    with pytest.raises(ValueError, match="must be a list"):
+        _mock_store(handler).list()
+    assert calls == [1] and sleeps == []
+
+
+def test_persistent_5xx_becomes_store_unavailable(sleeps):
+    store = _mock_store(lambda request: httpx.Response(500, text="boom"), retries=2, backoff_ms=1)
+    with pytest.raises(StoreUnavailable, match=r"after 3 attempts \(HTTP 500: boom\)"):
+        store.load("r")
+    assert len(sleeps) == 2
+
+
+# ---- the service in process -----------------------------------------------------------------------
+def test_bearer_check_is_constant_time(monkeypatch):
+    import hmac
+
+    from caravanserai import service
+
+    calls: list[tuple[bytes, bytes]] = []
+    real = hmac.compare_digest
+
+    def spy(a, b):
+        calls.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(service.hmac, "compare_digest", spy)
+    expected = b"s3cret-token"
+    assert service.check_bearer("Bearer s3cret-token", expected)
+    assert service.check_bearer("bearer s3cret-token", expected)
+    assert not service.check_bearer("Bearer s3cret-tokeX", expected)
+    assert not service.check_bearer("Bearer s3cret", expected)  # a prefix is not enough
+    assert not service.check_bearer("Basic s3cret-token", expected)
+    assert not service.check_bearer(None, expected)
+    assert len(calls) == 6
+    assert all(len(a) == len(b) == 32 for a, b in calls)  # digests: even the length does not leak
+
+    from starlette.testclient import TestClient
+
+    from caravanserai.stores.memory import MemoryStore
+
+    client = TestClient(service.create_app(MemoryStore("auth-check"), "s3cret-token"))
+    calls.clear()
+    answer = client.get("/v1/runs", headers={"Authorization": "Bearer wrong"})
+    assert answer.status_code == 401 and answer.json()["error"]["code"] == "unauthorized"
+    assert answer.headers["www-authenticate"].startswith("Bearer")
+    assert len(calls) == 1  # the app's auth goes through check_bearer
+    assert client.get("/v1/runs", headers={"Authorization": "Bearer s3cret-token"}).json() == {"runs": []}
+    assert client.get("/health").json()["status"] == "ok"
+
+
+def test_idempotency_key_applies_a_retried_append_and_create_once():
+    from starlette.testclient import TestClient
+
+    from caravanserai.service import create_app
+    from caravanserai.stores.memory import MemoryStore
+
+    backing = MemoryStore("idempotency")
+    client = TestClient(create_app(backing, TOKEN), headers={"Authorization": f"Bearer {TOKEN}"})
+    granted = client.post("/v1/runs/r/acquire", json={"holder": {"pid": 1, "lease": "L1"}, "ttl_ms": 5000}).json()
+    again = client.post("/v1/runs/r/acquire", json={"holder": {"pid": 1, "lease": "L1"}, "ttl_ms": 5000}).json()
+    assert again["token"] == granted["token"]  # a retried acquire gets its own lease back
+    other = client.post("/v1/runs/r/acquire", json={"holder": {"pid": 2, "lease": "L2"}, "ttl_ms": 5000})
+    assert other.status_code == 409 and other.json()["error"]["holder"]["pid"] == 1
+    lines, _ = make_lines("r", 2)
+    body = {"token": granted["token"], "seq": 0, "lines": lines}
+    first = client.post("/v1/runs/r/append", json=body, headers={"Idempotency-Key": "k1"})
+    retry = client.post("/v1/runs/r/append", json=body, headers={"Idempotency-Key": "k1"})
+    assert first.json() == retry.json() == {"next_seq": 2} and retry.headers["idempotent-replay"] == "true"
+    assert backing.load("r") == lines
+    fresh = client.post("/v1/runs/r/append", json=body, headers={"Idempotency-Key": "k2"})
+    assert fresh.status_code == 409 and fresh.json()["error"] == {
+        "code": "seq_mismatch", "message": "append to run 'r' at seq 0, but the journal's next seq is 2",
+        "run_id": "r", "expected": 2}
+    stale = client.post("/v1/runs/r/append", json={**body, "token": granted["token"] - 1, "seq": 2})
+    assert stale.status_code == 409 and stale.json()["error"]["code"] == "lease_lost"
+    put = {"headers": {"If-None-Match": "*", "Idempotency-Key": "p1"}, "content": b"once"}
+    assert client.put("/v1/objects/a/b", **put).status_code == 201
+    assert client.put("/v1/objects/a/b", **put).status_code == 201  # the same create, replayed
+    assert client.put("/v1/objects/a/b", headers={"If-None-Match": "*"}, content=b"twice").status_code == 412
+    assert client.get("/v1/objects/a/b").content == b"once"
+    assert client.get("/v1/objects/a/missing").json()["error"]["code"] == "object_not_found"
+    assert client.get("/v1/runs/..hidden").status_code == 400
+    assert client.post("/v1/runs/.x/acquire", json={}).json()["error"]["code"] == "invalid_run_id"
+
+
+def test_service_lets_the_backing_lease_go_when_a_client_lease_expires():
+    from caravanserai.service import JournalService
+    from caravanserai.stores.memory import MemoryStore
+
+    now = [1000.0]
+    backing = MemoryStore("reaper")
+    service = JournalService(backing, clock=lambda: now[0], reap_every=3600)
+    try:
+        granted = service.acquire("r", {"pid": 1}, 3000)
+        with pytest.raises(RunLocked):
+            backing.acquire("r")  # the service holds the backing lease for its client
+        now[0] += 2.0
+        service.renew("r", granted["token"])
+        now[0] += 2.9
+        service.reap()
+        assert "r" in service._held  # renewed: still held
+        now[0] += 0.2
+        service.reap()
+        backing.acquire("r").release()  # expired: the backing lease is free again
+        with pytest.raises(LeaseLost):
+            service.renew("r", granted["token"])
+        regranted = service.acquire("r", {"pid": 2}, 3000)
+        assert regranted["token"] > granted["token"]
+    finally:
+        service.close()
