@@ -36,10 +36,12 @@ import statistics
 import sys
 import threading
 import time
+from typing import TypedDict
 
 T_PROCESS = time.perf_counter()
 RECORD = (b"x" * 151) + b"\n"  # ours' journal line for {"i": i} with note "note" is ~151 B + "\n"
 MAIN = threading.get_ident()
+REAL_FDATASYNC = os.fdatasync
 
 
 def emit(result: dict) -> None:
@@ -183,13 +185,28 @@ def wrap(obj, name: str, bucket: list) -> bool:
 
 def ours(a: argparse.Namespace) -> dict:
     import caravanserai
+    from caravanserai.errors import UnknownStoreScheme
 
     if a.repo and not os.path.realpath(caravanserai.__file__).startswith(os.path.realpath(a.repo)):
         sys.exit(f"[worker ours] imported caravanserai from {caravanserai.__file__}, not from {a.repo}")
     import_s = time.perf_counter() - T_PROCESS
+    registered = False
     t = time.perf_counter()
-    store = caravanserai.open_store(a.url)
+    try:
+        store = caravanserai.open_store(a.url)
+    except UnknownStoreScheme:
+        if not a.url.startswith(("http://", "https://")):
+            raise
+        # The http(s):// client exists but open_store does not route to it yet: register it (public API).
+        from caravanserai.stores import register_scheme
+
+        register_scheme("http", "caravanserai.stores.http", "HttpDurableStore", "http")
+        register_scheme("https", "caravanserai.stores.http", "HttpDurableStore", "http")
+        registered = True
+        t = time.perf_counter()
+        store = caravanserai.open_store(a.url)
     open_store_s = time.perf_counter() - t
+    floor_op = paired_floor(a, store) if a.paired else None
     kind = type(store).__name__
     parts: dict[str, list] = {"store.append": [], "io": []}
     io_name = "?"
@@ -228,12 +245,26 @@ def ours(a: argparse.Namespace) -> dict:
             profiler = cProfile.Profile()
             profiler.enable()
         cpu0, thr0 = resource.getrusage(resource.RUSAGE_SELF), time.thread_time()
-        samples = []
+        samples, floor_samples = [], []
         t_loop = time.perf_counter()
-        for i in range(a.n):
-            t = time.perf_counter()
-            run.checkpoint({"i": i}, state_note)
-            samples.append(time.perf_counter() - t)
+        if floor_op is None:
+            for i in range(a.n):
+                t = time.perf_counter()
+                run.checkpoint({"i": i}, state_note)
+                samples.append(time.perf_counter() - t)
+        else:  # one floor op next to each checkpoint, alternating which goes first
+            for i in range(a.n):
+                if i % 2:
+                    t = time.perf_counter()
+                    floor_op()
+                    floor_samples.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                run.checkpoint({"i": i}, state_note)
+                samples.append(time.perf_counter() - t)
+                if not i % 2:
+                    t = time.perf_counter()
+                    floor_op()
+                    floor_samples.append(time.perf_counter() - t)
         loop_s = time.perf_counter() - t_loop
         cpu1, thr1 = resource.getrusage(resource.RUSAGE_SELF), time.thread_time()
         if profiler is not None:
@@ -248,7 +279,10 @@ def ours(a: argparse.Namespace) -> dict:
            "cpu_sys_us_per_ckpt": (cpu1.ru_stime - cpu0.ru_stime) / a.n * 1e6,
            "main_thread_cpu_us_per_ckpt": (thr1 - thr0) / a.n * 1e6,
            "parts": {name: {**stats(us(b)), "calls_per_ckpt": len(b) / a.n} for name, b in parts.items()},
-           "caravanserai": getattr(caravanserai, "__version__", None)}
+           "caravanserai": getattr(caravanserai, "__version__", None), "registered_scheme_by_bench": registered}
+    if floor_op is not None:
+        out["paired_floor_us"] = us(floor_samples)
+        out["paired_floor"] = {**stats(out["paired_floor_us"]), "what": floor_op.what}
     out["parts"]["outside store.append"] = stats([round((s - b) * 1e6, 1) for s, b in zip(samples, parts["store.append"])]) \
         if len(parts["store.append"]) == len(samples) else {"n": 0}
     out["parts"]["store.append minus io"] = stats([round((b - c) * 1e6, 1) for b, c in zip(parts["store.append"], parts["io"])]) \
@@ -273,30 +307,77 @@ def ours(a: argparse.Namespace) -> dict:
     return out
 
 
-# ---- peers --------------------------------------------------------------------------------------
-def lg_pg(a: argparse.Namespace) -> dict:
-    from typing import TypedDict
+def paired_floor(a: argparse.Namespace, store):
+    """The backend's floor operation, run in this process next to each checkpoint (``--paired``)."""
+    kind = type(store).__name__
+    if kind in ("LocalStore", "SqliteStore"):
+        fd = os.open(os.path.join(a.dir, f"paired-floor-{os.getpid()}.bin"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
-    import langgraph
+        def op() -> None:
+            os.write(fd, RECORD)
+            REAL_FDATASYNC(fd)
+        op.what = f"os.write {len(RECORD)} B + os.fdatasync"
+    elif kind == "PostgresStore":
+        import psycopg
+
+        conn = psycopg.connect(a.dsn, autocommit=True)
+        table = f"bench_paired_floor_{os.getpid()}"
+        conn.execute(f"CREATE TABLE {table} (id BIGSERIAL PRIMARY KEY, payload TEXT NOT NULL)")
+        query, text = f"INSERT INTO {table} (payload) VALUES (%s)", RECORD.decode()
+
+        def op() -> None:
+            conn.execute(query, (text,))
+        op.what = "bare INSERT + COMMIT on a second connection"
+    elif hasattr(store, "storage"):
+        import obstore
+        from obstore.store import from_url
+        from urllib.parse import parse_qsl, urlsplit
+
+        parts = urlsplit(a.url)
+        options = {k: v for k, v in parse_qsl(parts.query) if k != "lease_ttl_ms"}
+        s3 = from_url(f"s3://{parts.netloc}", client_options={"allow_http": True}, **options)
+        put, counter = obstore.put, iter(range(10**9))
+
+        def op() -> None:
+            put(s3, f"paired-floor/{os.getpid()}/{next(counter):08d}", RECORD)
+        op.what = "bare obstore.put on a second client"
+    elif hasattr(store, "_client"):
+        import httpx
+
+        client, base = httpx.Client(timeout=10), a.url.split("?", 1)[0].rstrip("/")
+
+        def op() -> None:
+            client.post(base + "/health", content=RECORD)
+        op.what = "bare POST /health on a second client"
+    else:
+        return None
+    for _ in range(5):
+        op()
+    return op
+
+
+# ---- peers --------------------------------------------------------------------------------------
+class LgState(TypedDict):
+    i: int
+    n: int
+    payload: str
+
+
+def lg_pg(a: argparse.Namespace) -> dict:
     from langgraph.checkpoint.postgres import PostgresSaver
     from langgraph.graph import END, START, StateGraph
 
     import_s = time.perf_counter() - T_PROCESS
     entries: list[float] = []
 
-    class State(TypedDict):
-        i: int
-        n: int
-        payload: str
-
-    def step(state: State) -> dict:
+    def step(state: LgState) -> dict:
         entries.append(time.perf_counter())
         return {"i": state["i"] + 1}
 
-    def more(state: State) -> str:
+    def more(state: LgState) -> str:
         return END if state["i"] >= state["n"] else "step"
 
-    builder = StateGraph(State)
+    builder = StateGraph(LgState)
     builder.add_node("step", step)
     builder.add_edge(START, "step")
     builder.add_conditional_edges("step", more)
@@ -425,6 +506,7 @@ def main() -> None:
     p.add_argument("--backing", default="")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--token", default="")
+    p.add_argument("--paired", action="store_true", help="ours: also run the floor op next to each checkpoint")
     a = p.parse_args()
     if a.mode == "serve":
         serve(a)

@@ -340,6 +340,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     parser.add_argument("--only", help="comma list of local,sqlite,postgres,s3,http,langgraph,dbos")
     parser.add_argument("--no-peers", action="store_true", help="skip LangGraph and DBOS")
+    parser.add_argument("--no-paired", action="store_true", help="skip the runs with the floor op in ours' process")
     parser.add_argument("--no-profile", action="store_true", help="do not profile a backend that misses the target")
     parser.add_argument("--dir", help="parent of the work dir (default: next to the repo, on the real disk)")
     parser.add_argument("--keep", action="store_true", help="keep the work dir")
@@ -428,7 +429,10 @@ def main() -> int:
             raw.setdefault(name.split(":", 1)[1] if ":" in name else name, []).append(result)
             st = result.get("stats") or {}
             label = name.split(":", 1)[1] if ":" in name else name
+            pf = result.get("paired_floor")
             say(f"  round {k + 1} {label:<14} " + (f"median {fmt_us(st.get('median_us')):>8}  p99 {fmt_us(st.get('p99_us')):>8}"
+                                                   + (f"   (floor in the same process: median {fmt_us(pf['median_us'])}, "
+                                                      f"p99 {fmt_us(pf['p99_us'])})" if pf else "")
                                                    if "error" not in result else f"ERROR {result['error']}"))
 
         for k in range(args.rounds):
@@ -444,6 +448,8 @@ def main() -> int:
                          "s3": ("floor_s3", ["--url", f"s3://bench?{s3_opts}", "--tag", f"r{k}"]),
                          "http": ("floor_http", ["--url", http_url or ""])}[backend]
                 ours_job = (f"ours:ours_{backend}", ["--url", ours_url(backend, k), "--run-id", f"bench-{backend}-r{k}"], False)
+                paired_job = (f"ours:paired_{backend}", ["--url", ours_url(backend, k), "--run-id", f"bench-{backend}-p{k}",
+                                                          "--paired", "--dsn", dsn or ""], False)
                 pair = [ours_job] if floor is None else [(f"{floor[0]}:{floor[0]}", floor[1], False), ours_job]
                 if backend == "postgres":
                     if "langgraph" in wanted:
@@ -451,6 +457,8 @@ def main() -> int:
                     if "dbos" in wanted:
                         pair.append(("dbos_pg:dbos_pg", ["--dsn", create_database(dsn, f"bench_dbos_r{k}"), "--tag", f"r{k}"], True))
                 pairs.append(list(reversed(pair)) if flip and len(pair) > 1 else pair)
+                if not args.no_paired:
+                    pairs.append([paired_job])
                 if backend == "sqlite":
                     pairs.append([("floor_fsync:floor_fsync", ["--tag", f"b{k}"], False)])
             for pair in pairs:
@@ -472,13 +480,13 @@ def main() -> int:
         summary_out: dict = {}
         for backend in BACKENDS:
             if backend in unavailable and backend in (args.only or ",".join(BACKENDS)).split(","):
-                rows.append([backend, "-", "-", "-", "-", f"not run: {unavailable[backend]}"[:60]])
+                rows.append([backend, "-", "-", "-", "-", f"not run: {unavailable[backend]}"[:60], "-"])
                 continue
             if backend not in wanted:
                 continue
             o, f = summ(f"ours_{backend}"), summ(floors[backend])
             if not o or not f:
-                rows.append([backend, "-", "-", "-", "-", "ERROR (see JSON)"])
+                rows.append([backend, "-", "-", "-", "-", "ERROR (see JSON)", "-"])
                 continue
             ratio = o["median_us"] / f["median_us"]
             ok = ratio <= TARGET
@@ -492,27 +500,36 @@ def main() -> int:
             verdicts[backend]["per_round_ratios"] = per_round
             summary_out[backend] = {"ours": o, "floor": f, "floor_kind": floors[backend], "ratio": ratio, "pass": ok,
                                     "per_round_ratios": per_round}
+            pr = [r for r in raw.get(f"paired_{backend}", []) if "paired_floor_us" in r]
+            paired = None
+            if pr:
+                po, pf = summary(pooled(pr)), summary([x for r in pr for x in r["paired_floor_us"]])
+                paired = {"ours": po, "floor": pf, "ratio": po["median_us"] / pf["median_us"], "floor_what": pr[0]["paired_floor"]["what"],
+                          "per_round_ratios": [r["stats"]["median_us"] / r["paired_floor"]["median_us"] for r in pr]}
+                summary_out[backend]["paired"] = paired
             rows.append([backend, fmt_us(o["median_us"]), fmt_us(o["p99_us"]), fmt_us(f["median_us"]), f"{ratio:.2f}x",
-                         "PASS" if ok else "MISS"])
+                         "PASS" if ok else "MISS",
+                         f"{fmt_us(paired['ours']['median_us'])} / {fmt_us(paired['floor']['median_us'])} = {paired['ratio']:.2f}x"
+                         if paired else "-"])
             if backend == "sqlite" and summ("floor_sqlite"):
                 fs = summ("floor_sqlite")
                 summary_out["sqlite"]["vs_bare_sqlite"] = {"floor": fs, "ratio": o["median_us"] / fs["median_us"]}
                 rows.append(["  sqlite vs bare SQLite WAL FULL commit", fmt_us(o["median_us"]), fmt_us(o["p99_us"]),
-                             fmt_us(fs["median_us"]), f"{o['median_us'] / fs['median_us']:.2f}x", "(info)"])
+                             fmt_us(fs["median_us"]), f"{o['median_us'] / fs['median_us']:.2f}x", "(info)", "-"])
         for peer, key, label in (("langgraph", "lg_pg", "LangGraph PostgresSaver sync (peer)"),
                                  ("dbos", "dbos_pg", "DBOS step on Postgres (peer)")):
             if peer in unavailable:
-                rows.append([label, "-", "-", "-", "-", f"not run: {unavailable[peer]}"[:60]])
+                rows.append([label, "-", "-", "-", "-", f"not run: {unavailable[peer]}"[:60], "-"])
                 continue
             if peer not in wanted:
                 continue
             p, f = summ(key), summ("floor_pg")
             if not p or not f:
-                rows.append([label, "-", "-", "-", "-", "ERROR (see JSON)"])
+                rows.append([label, "-", "-", "-", "-", "ERROR (see JSON)", "-"])
                 continue
             summary_out[peer] = {"peer": p, "floor": f, "ratio": p["median_us"] / f["median_us"]}
             rows.append([label, fmt_us(p["median_us"]), fmt_us(p["p99_us"]), fmt_us(f["median_us"]),
-                         f"{p['median_us'] / f['median_us']:.2f}x", "-"])
+                         f"{p['median_us'] / f['median_us']:.2f}x", "-", "-"])
 
         # ---- profile the misses --------------------------------------------------------------------
         misses = [b for b, v in verdicts.items() if not v["pass"]]
@@ -530,7 +547,8 @@ def main() -> int:
 
         # ---- print ---------------------------------------------------------------------------------
         say("")
-        say(table(["backend", "ours median", "ours p99", "floor median", "ratio ours/floor", f"target (<= {TARGET}x)"], rows))
+        say(table(["backend", "ours median", "ours p99", "floor median", "ratio ours/floor", f"target (<= {TARGET}x)",
+                   "paired: ours / floor in one process"], rows))
         say("")
         for backend in BACKENDS:
             if backend in summary_out:

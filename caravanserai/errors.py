@@ -91,6 +91,10 @@ class CaravanseraiError(Exception):
     def __reduce__(self):  # keep fields across pickling (multiprocessing, workers)
         return (_rebuild, (type(self), self.message, self.fields))
 
+    def _render_traceback_(self) -> list[str]:
+        """How IPython/Jupyter show it: the one-line message, no traceback (``%tb`` still has it)."""
+        return [f"{type(self).__name__}: {self.message}"]
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able description, used by ``--json`` output and journal `run_failed` events."""
         return {"code": self.code, "message": self.message, **{k: _jsonable(v) for k, v in self.fields.items()}}

@@ -96,6 +96,7 @@ class Run:
         self._header: list[dict] = [self._attempt_event(events)]
         self._iterate_loops = 0
         self.capture: Any = None  # set by a notebook cell: returns the names to save with each commit
+        self.listeners: list[Any] = []  # called with the stored events after each append (status lines, panels)
         self.ledger = Ledger(run_id, events, self.attempt)
 
     # ---- reading -------------------------------------------------------------------------
@@ -153,6 +154,11 @@ class Run:
             if self.started_event is None:
                 self.started_event = stored[0]
             self.store.committed(self.run_id, encoded)  # in order: views never go backwards
+        for listener in list(self.listeners):
+            try:
+                listener(stored)
+            except Exception:
+                pass  # a display problem must never break a durable append
         return stored[len(pending) - len(events):]
 
     def checkpoint(self, state: Any, note: Any = "") -> int:
@@ -168,11 +174,13 @@ class Run:
         n = (self._last_waypoint["n"] if self._last_waypoint else 0) + 1
         return {"type": "waypoint", "n": n, "note": str(note), "state": state}
 
-    def complete(self, result: Any = None) -> None:
+    def complete(self, result: Any = None, *, names: dict | None = None) -> None:
         """Record that the run finished (``result`` kept if it is JSON); once per attempt."""
         if self._completed_now:
             return
         event: dict[str, Any] = {"type": "run_completed"}
+        if names is not None:
+            event["names"] = names
         try:
             event["result"] = journal.RawJSON(to_json(result, what="result"), result)
         except CaravanseraiError:

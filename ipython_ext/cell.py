@@ -1,0 +1,327 @@
+"""What a ``%%resumable`` cell does when it runs (the ``with`` block the transformer writes).
+
+Entering: open the cell's run (``durable()`` semantics: one writer, identity = the digest of the
+cell's source), restore the variables saved with its last commit, and make it the current run so
+``checkpoint(state, note)``, ``resumable_iterate(items)`` and journaled calls use it. While the
+body runs, every waypoint or progress commit also saves the cell's variables (and which top-level
+statement was running). On resume, a top-level assignment that ran before that statement and
+whose names were restored is skipped, so ``total = 0`` does not undo the restored ``total``.
+Leaving: complete the run (keeping the printed output and the last expression's text), record
+the failure of an exception, or leave the run pending on Kernel > Interrupt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import shlex
+import sys
+import time
+from typing import Any
+
+from caravanserai.errors import CaravanseraiError, DefinitionChanged
+from caravanserai.ledger import digest
+from caravanserai.namespace import Snapshotter
+from caravanserai.runs import _CURRENT, open_checked, read_events
+from caravanserai.stores import open_store
+
+OUTPUT_LIMIT = 64 * 1024
+
+
+class CellChanged(DefinitionChanged):
+    """The cell's source differs from the one its run started with."""
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="%%resumable", add_help=False,
+                                description="Run a cell as a durable run that survives kernel restarts.")
+    p.add_argument("run_id")
+    p.add_argument("--store", help="store URL (default: %%caravanserai store, $CARAVANSERAI_STORE or ./.caravanserai)")
+    p.add_argument("--state", help="comma-separated names to save (default: every name the cell assigns)")
+    p.add_argument("--every", type=int, help="save the variables at most every N commits (default: every commit)")
+    p.add_argument("--fork", metavar="NEW_ID", help="continue from the run's last waypoint under a new run id")
+    p.add_argument("--restart", action="store_true", help="start again from scratch (the old attempt stays in history)")
+    return p
+
+
+def parse_args(line: str) -> argparse.Namespace:
+    try:
+        return parser().parse_args(shlex.split(line))
+    except SystemExit:
+        raise CaravanseraiError(f"bad %%resumable arguments {line!r}: usage: %%resumable RUN_ID [--store URL] "
+                                "[--state a,b] [--every N] [--fork NEW_ID] [--restart]") from None
+
+
+class _Tee:
+    """Writes go to the real stream and are kept (bounded) to re-show a completed cell's output."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.parts: list[str] = []
+        self.size = 0
+
+    def write(self, text: str) -> int:
+        if self.size < OUTPUT_LIMIT:
+            self.parts.append(text[: OUTPUT_LIMIT - self.size])
+            self.size += len(text)
+        return self.stream.write(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
+class _Recorded:
+    """A completed cell's last value, shown as it was (its text), without recomputing it."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(self.text)
+
+
+class CellRun:
+    """The context manager ``%%resumable`` wraps a cell's body in."""
+
+    def __init__(self, line: str, source: str, *, names: tuple = (), assignments: tuple = ()) -> None:
+        from IPython import get_ipython
+
+        self.shell = get_ipython()
+        self.namespace = self.shell.user_ns if self.shell is not None else sys.modules["__main__"].__dict__
+        self.args = parse_args(line)
+        self.source = source
+        explicit = [n.strip() for n in (self.args.state or "").split(",") if n.strip()]
+        self.names = explicit or [n for n in names if not n.startswith("__caravanserai")]
+        self.strict = explicit
+        self.assignments = {index: set(targets) for index, targets in assignments}
+        self.execute = True
+        self.result: Any = None
+        self.stmt = 0
+        self.resume_at: int | None = None
+        self.restored: set[str] = set()
+        self.run: Any = None
+        self.status: Any = None
+        self._commits = 0
+        self._token: Any = None
+        self._tee: _Tee | None = None
+
+    # ---- called from the transformed cell ---------------------------------------------------
+    def at(self, index: int) -> None:
+        self.stmt = index
+
+    def keep(self, index: int) -> bool:
+        """False for a top-level assignment already done before the last save (its names restored)."""
+        targets = self.assignments.get(index)
+        if self.resume_at is None or index >= self.resume_at or not targets:
+            return True
+        return not targets <= self.restored
+
+    @property
+    def shown(self) -> Any:
+        return self.result
+
+    # ---- the with block ----------------------------------------------------------------------
+    def __enter__(self) -> "CellRun":
+        store = open_store(self.args.store)
+        definition = digest({"cell": self.source})
+        run_id = self.args.run_id
+        if self.args.fork:
+            _prepare_fork(store, run_id, self.args.fork, definition, self.source)
+            run_id = self.args.fork
+        identity = {} if self.args.restart else {"definition_sha256": definition}
+        events = read_events(run_id, store)
+        if events and not self.args.restart:
+            _check_source(run_id, events, definition, self.source)
+        self.run, self.owner = open_checked(run_id, store, identity)
+        run = self.run
+        try:
+            run.describe(cell_source=self.source, definition_sha256=definition)
+            if self.args.restart and events:
+                run.append({"type": "restarted", "definition_sha256": definition, "cell_source": self.source})
+            self.snapshot = Snapshotter(self.namespace, self.names, objects=store.objects, run_id=run_id,
+                                        store_url=store.url, strict=self.strict)
+            saved = run.saved_names or {}
+            if saved.get("values"):
+                self.restored = set(self.snapshot.restore(saved["values"]))
+                self.resume_at = saved.get("at")
+            if run.completed and run._completed and not self.args.restart:
+                self.execute = False  # completed: re-show, don't recompute
+            run.capture = self._capture
+            run.listeners.append(self._on_commit)
+            run._iterate_loops = 0
+        except BaseException:
+            if self.owner:
+                run.close()
+            raise
+        self._token = _CURRENT.set(run)
+        self.status = StatusLine(self.shell, run, resumed=not self.args.restart and (bool(self.restored) or run.attempt > 1),
+                                 restored=self.restored, completed=not self.execute)
+        self._tee = _Tee(sys.stdout)
+        sys.stdout = self._tee
+        return self
+
+    def __exit__(self, etype: Any, error: Any, tb: Any) -> bool:
+        run = self.run
+        if self._tee is not None and sys.stdout is self._tee:
+            sys.stdout = self._tee.stream
+        try:
+            if etype is None and self.execute:
+                output = "".join(self._tee.parts) if self._tee else ""
+                result = {"stdout": output}
+                if self.result is not None:
+                    result["repr"] = repr(self.result)[:OUTPUT_LIMIT]
+                run.complete(result, names={"values": self._values(), "at": None})
+            elif etype is None:
+                recorded = run._completed.get("result") or {}
+                if recorded.get("stdout"):
+                    sys.stdout.write(recorded["stdout"])
+                if "repr" in recorded:
+                    self.result = _Recorded(recorded["repr"])
+            elif issubclass(etype, KeyboardInterrupt):
+                pass  # Kernel > Interrupt: the run stays pending, resumable from its last commit
+            elif self.owner and not isinstance(error, CellChanged):
+                run.fail(error)
+        finally:
+            run.capture = None
+            if self._on_commit in run.listeners:
+                run.listeners.remove(self._on_commit)
+            if self._token is not None:
+                _CURRENT.reset(self._token)
+            if self.status is not None:
+                self.status.finish(etype)
+            if self.owner:
+                run.close()
+        return False
+
+    # ---- saving ------------------------------------------------------------------------------
+    def _values(self) -> dict:
+        return self.snapshot.capture()
+
+    def _capture(self) -> dict:
+        self._commits += 1
+        every = self.args.every or 1
+        if self._commits % every and self._commits != 1:
+            return {}
+        return {"values": self._values(), "at": self.stmt}
+
+    def _on_commit(self, events: list[dict]) -> None:
+        if self.status is not None:
+            self.status.update()
+
+
+def _check_source(run_id: str, events: list[dict], definition: str, source: str) -> None:
+    started = events[0]
+    for event in events:
+        if event["type"] == "restarted":
+            started = {**started, **event}
+    if started.get("definition_sha256") in (None, definition):
+        return
+    old = (started.get("cell_source") or "").splitlines()
+    diff = [line for line in difflib.unified_diff(old, source.splitlines(), "started with", "now", lineterm="", n=0)
+            if not line.startswith(("---", "+++", "@@"))][:6]
+    changed = "; ".join(diff) or "the cell's source"
+    raise CellChanged(
+        f"run {run_id!r} was started by a different version of this cell ({changed}): use "
+        f"`%%resumable {run_id} --fork NEW_ID` to continue from its last waypoint under a new id, or "
+        f"`%%resumable {run_id} --restart` to start it again",
+        run_id=run_id, field="definition_sha256",
+    )
+
+
+def _prepare_fork(store: Any, source_run: str, new_run: str, definition: str, cell_source: str) -> None:
+    """Start ``new_run`` from ``source_run``'s last waypoint (state and saved variables), once."""
+    if read_events(new_run, store):
+        return
+    events = read_events(source_run, store)
+    if not events:
+        raise CaravanseraiError(f"cannot fork run {source_run!r}: it does not exist in {store.url}", run_id=source_run)
+    last = next((e for e in reversed(events) if e["type"] in ("waypoint", "progress") and "names" in e), None)
+    waypoint = next((e for e in reversed(events) if e["type"] == "waypoint" and "state" in e), None)
+    run, owner = open_checked(new_run, store, {})
+    try:
+        run.describe(forked_from={"run_id": source_run, "seq": (last or waypoint or events[-1])["seq"]},
+                     definition_sha256=definition, cell_source=cell_source)
+        copied: dict = {"type": "waypoint", "n": 1, "note": f"forked from {source_run}",
+                        "state": waypoint.get("state") if waypoint else None}
+        if last is not None:
+            copied["names"] = {"values": last["names"].get("values", {}), "at": last["names"].get("at")}
+            values = last["names"].get("values", {})
+            for entry in values.values():  # large values live under the source run's key space
+                if "object" in entry:
+                    payload = store.objects.get(f"values/{source_run}/{entry['object']}")
+                    store.objects.put_if_absent(f"values/{new_run}/{entry['object']}", payload)
+        run.append(copied)
+    finally:
+        if owner:
+            run.close()
+
+
+class StatusLine:
+    """One line under the cell, updated in place: waypoints, last note, calls, tokens, cost, resume."""
+
+    def __init__(self, shell: Any, run: Any, *, resumed: bool, restored: set[str], completed: bool) -> None:
+        self.run = run
+        self.resumed = resumed
+        self.restored = sorted(restored)
+        self.completed = completed
+        self.rich = shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+        self.handle = None
+        self.shown_at = 0.0
+        text = self.text()
+        if self.rich:
+            from IPython.display import display
+
+            self.handle = display(_Text(text), display_id=True)
+        else:
+            print(text)
+
+    def text(self, ending: str = "") -> str:
+        run = self.run
+        receipt = run.receipt()
+        latest = run.latest
+        parts = [f"[caravanserai] {run.run_id}"]
+        if self.completed:
+            parts.append("completed earlier: output re-shown, nothing recomputed")
+        elif self.resumed:
+            parts.append(f"resumed (attempt {run.attempt}" + (f", restored {', '.join(self.restored)}" if self.restored else "") + ")")
+        parts.append(f"{run._waypoint_count} waypoint(s)")
+        done = sum(run.progress_done.values())
+        if done:
+            parts.append(f"{done} item(s) done")
+        if latest is not None:
+            parts.append(f"last: {latest.note[:60]!r}")
+        if receipt.calls:
+            usd = f"${receipt.estimated_usd:.4f}" + ("+unpriced" if receipt.unpriced else "")
+            parts.append(f"{len(receipt.calls)} call(s), {receipt.tokens} tokens, {usd} (inferred)")
+        if ending:
+            parts.append(ending)
+        return " | ".join(parts)
+
+    def update(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.handle is not None and (force or now - self.shown_at > 0.25):
+            self.shown_at = now
+            self.handle.update(_Text(self.text()))
+
+    def finish(self, etype: Any) -> None:
+        ending = "done" if etype is None else "interrupted: run again to resume" if etype is KeyboardInterrupt else "failed"
+        if self.handle is not None:
+            self.handle.update(_Text(self.text(ending)))
+        elif not self.completed:
+            print(self.text(ending))
+
+
+class _Text:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f'<div class="caravanserai-status" style="font-family:monospace;font-size:12px;color:#555">{html.escape(self.text)}</div>'

@@ -1,0 +1,54 @@
+"""``%caravanserai`` (list, show, store, clean, trust, journal) and the ``%%resumable`` entry."""
+
+from __future__ import annotations
+
+import os
+import shlex
+
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+
+from caravanserai import cli
+from caravanserai.namespace import trust_store
+from caravanserai.stores import ENV_VAR, open_store
+
+from .cell import parser
+from .transform import MAGIC
+
+
+@magics_class
+class CaravanseraiMagics(Magics):
+    @line_magic
+    def caravanserai(self, line: str) -> None:
+        """%caravanserai list | show RUN [--all] | journal RUN | clean RUN | store URL | trust URL
+
+        ``store URL`` sets the default store for this session; ``trust URL`` allows pickled
+        variables to be loaded from that store (pickle runs code: only for stores you control).
+        """
+        words = shlex.split(line)
+        if not words:
+            print(self.caravanserai.__doc__)
+            return
+        if words[0] == "store":
+            if len(words) == 1:
+                print(open_store().url)
+                return
+            os.environ[ENV_VAR] = open_store(words[1]).url
+            print(f"default store for this session: {os.environ[ENV_VAR]}")
+            return
+        if words[0] == "trust" and len(words) == 2:
+            trust_store(open_store(words[1]).url)
+            print(f"pickled variables will be loaded from {open_store(words[1]).url}")
+            return
+        cli.main(words)
+
+    @cell_magic
+    def resumable(self, line: str, cell: str) -> None:
+        """Run this cell as a durable run (see ``%%resumable?``); the extension's transformers do the work."""
+        result = self.shell.run_cell(f"{MAGIC} {line}\n{cell}", store_history=False)
+        if result.error_before_exec is not None:
+            raise result.error_before_exec
+        if result.error_in_exec is not None:
+            raise result.error_in_exec
+
+
+CaravanseraiMagics.resumable.__doc__ = (CaravanseraiMagics.resumable.__doc__ or "") + "\n\n" + parser().format_help()
