@@ -206,7 +206,7 @@ def ours(a: argparse.Namespace) -> dict:
         t = time.perf_counter()
         store = caravanserai.open_store(a.url)
     open_store_s = time.perf_counter() - t
-    floor_op = paired_floor(a, store) if a.paired else None
+    floor_ops = paired_floor(a, store) if a.paired else []
     kind = type(store).__name__
     parts: dict[str, list] = {"store.append": [], "io": []}
     io_name = "?"
@@ -245,26 +245,28 @@ def ours(a: argparse.Namespace) -> dict:
             profiler = cProfile.Profile()
             profiler.enable()
         cpu0, thr0 = resource.getrusage(resource.RUSAGE_SELF), time.thread_time()
-        samples, floor_samples = [], []
+        samples, floor_samples = [], {op.name: [] for op in floor_ops}
         t_loop = time.perf_counter()
-        if floor_op is None:
+        if not floor_ops:
             for i in range(a.n):
                 t = time.perf_counter()
                 run.checkpoint({"i": i}, state_note)
                 samples.append(time.perf_counter() - t)
-        else:  # one floor op next to each checkpoint, alternating which goes first
+        else:  # the floor ops next to each checkpoint, alternating which goes first
+            def floors() -> None:
+                for op in floor_ops:
+                    t = time.perf_counter()
+                    op()
+                    floor_samples[op.name].append(time.perf_counter() - t)
+
             for i in range(a.n):
                 if i % 2:
-                    t = time.perf_counter()
-                    floor_op()
-                    floor_samples.append(time.perf_counter() - t)
+                    floors()
                 t = time.perf_counter()
                 run.checkpoint({"i": i}, state_note)
                 samples.append(time.perf_counter() - t)
                 if not i % 2:
-                    t = time.perf_counter()
-                    floor_op()
-                    floor_samples.append(time.perf_counter() - t)
+                    floors()
         loop_s = time.perf_counter() - t_loop
         cpu1, thr1 = resource.getrusage(resource.RUSAGE_SELF), time.thread_time()
         if profiler is not None:
@@ -280,9 +282,11 @@ def ours(a: argparse.Namespace) -> dict:
            "main_thread_cpu_us_per_ckpt": (thr1 - thr0) / a.n * 1e6,
            "parts": {name: {**stats(us(b)), "calls_per_ckpt": len(b) / a.n} for name, b in parts.items()},
            "caravanserai": getattr(caravanserai, "__version__", None), "registered_scheme_by_bench": registered}
-    if floor_op is not None:
-        out["paired_floor_us"] = us(floor_samples)
-        out["paired_floor"] = {**stats(out["paired_floor_us"]), "what": floor_op.what}
+    if floor_ops:
+        out["paired_floor_us"] = us(floor_samples[floor_ops[0].name])  # the floor the target is judged against
+        out["paired_floor"] = {**stats(out["paired_floor_us"]), "what": floor_ops[0].what, "name": floor_ops[0].name}
+        out["paired_floors"] = {op.name: {**stats(us(floor_samples[op.name])), "what": op.what, "samples_us": us(floor_samples[op.name])}
+                                for op in floor_ops}
     out["parts"]["outside store.append"] = stats([round((s - b) * 1e6, 1) for s, b in zip(samples, parts["store.append"])]) \
         if len(parts["store.append"]) == len(samples) else {"n": 0}
     out["parts"]["store.append minus io"] = stats([round((b - c) * 1e6, 1) for b, c in zip(parts["store.append"], parts["io"])]) \
@@ -307,27 +311,66 @@ def ours(a: argparse.Namespace) -> dict:
     return out
 
 
-def paired_floor(a: argparse.Namespace, store):
-    """The backend's floor operation, run in this process next to each checkpoint (``--paired``)."""
+def paired_floor(a: argparse.Namespace, store) -> list:
+    """The backend's floor operations, run in this process next to each checkpoint (``--paired``).
+
+    The first is the floor the target is judged against; the others split the gap: the same SQL
+    statement ours sends, executed bare (no caravanserai code), or the round trip plus an fsync.
+    """
     kind = type(store).__name__
-    if kind in ("LocalStore", "SqliteStore"):
+    ops = []
+
+    def add(name: str, what: str, fn) -> None:
+        fn.name, fn.what = name, what
+        ops.append(fn)
+
+    def fsync_op():
         fd = os.open(os.path.join(a.dir, f"paired-floor-{os.getpid()}.bin"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
 
         def op() -> None:
             os.write(fd, RECORD)
             REAL_FDATASYNC(fd)
-        op.what = f"os.write {len(RECORD)} B + os.fdatasync"
+        return op
+
+    line = RECORD.decode().rstrip("\n")
+    if kind in ("LocalStore", "SqliteStore"):
+        add("fdatasync", f"os.write {len(RECORD)} B + os.fdatasync", fsync_op())
+    if kind == "SqliteStore":
+        import sqlite3
+
+        from caravanserai.stores.sql import SqlDurableStore
+
+        conn = sqlite3.connect(os.path.join(a.dir, f"paired-{os.getpid()}.db"), isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("CREATE TABLE bare (id INTEGER PRIMARY KEY, payload TEXT NOT NULL)")
+        conn.executescript(SqlDurableStore.schema("sqlite", "fenced"))
+        conn.execute("INSERT INTO fenced_leases VALUES ('r', 'h', 1, 9000000000000000)")
+        fenced_sql, chunk = store._queries["append"], iter(range(10**9))
+        add("sqlite_bare_insert", "bare SQLite WAL FULL INSERT commit (rowid table)",
+            lambda: conn.execute("INSERT INTO bare (payload) VALUES (?)", (line,)))
+        add("sqlite_same_statement", "ours' fenced INSERT ... WHERE EXISTS (lease) RETURNING, bare sqlite3, same schema",
+            lambda: conn.execute(fenced_sql, ("r", next(chunk), 0, 1, line, "r", 1)).fetchall())
     elif kind == "PostgresStore":
+        import re
+
         import psycopg
 
-        conn = psycopg.connect(a.dsn, autocommit=True)
-        table = f"bench_paired_floor_{os.getpid()}"
-        conn.execute(f"CREATE TABLE {table} (id BIGSERIAL PRIMARY KEY, payload TEXT NOT NULL)")
-        query, text = f"INSERT INTO {table} (payload) VALUES (%s)", RECORD.decode()
+        from caravanserai.stores.sql import SqlDurableStore
 
-        def op() -> None:
-            conn.execute(query, (text,))
-        op.what = "bare INSERT + COMMIT on a second connection"
+        conn = psycopg.connect(a.dsn, autocommit=True)
+        table = f"bench_paired_{os.getpid()}"
+        conn.execute(f"CREATE TABLE {table}_bare (id BIGSERIAL PRIMARY KEY, payload TEXT NOT NULL)")
+        for statement in SqlDurableStore.schema("postgres", table).split(";\n"):
+            if statement.strip():
+                conn.execute(statement)
+        conn.execute(f"INSERT INTO {table}_leases VALUES ('r', 'h', 1, 9000000000000000)")
+        fenced_sql = re.sub(r"\$\d+", "%s", store._queries["append"]).replace(store.table, table)
+        chunk = iter(range(10**9))
+        add("pg_bare_insert", "bare INSERT + COMMIT on a second connection",
+            lambda: conn.execute(f"INSERT INTO {table}_bare (payload) VALUES (%s)", (line,)))
+        add("pg_same_statement", "ours' fenced INSERT ... WHERE EXISTS (lease) RETURNING, bare psycopg, same schema",
+            lambda: conn.execute(fenced_sql, ("r", next(chunk), 0, 1, line, "r", 1)).fetchall())
     elif hasattr(store, "storage"):
         import obstore
         from obstore.store import from_url
@@ -337,23 +380,26 @@ def paired_floor(a: argparse.Namespace, store):
         options = {k: v for k, v in parse_qsl(parts.query) if k != "lease_ttl_ms"}
         s3 = from_url(f"s3://{parts.netloc}", client_options={"allow_http": True}, **options)
         put, counter = obstore.put, iter(range(10**9))
-
-        def op() -> None:
-            put(s3, f"paired-floor/{os.getpid()}/{next(counter):08d}", RECORD)
-        op.what = "bare obstore.put on a second client"
+        add("s3_put", "bare obstore.put (plain PUT) on a second client",
+            lambda: put(s3, f"paired-floor/{os.getpid()}/p{next(counter):08d}", RECORD))
+        add("s3_put_create", "bare obstore.put(mode='create') (If-None-Match: *), what ours sends",
+            lambda: put(s3, f"paired-floor/{os.getpid()}/c{next(counter):08d}", RECORD, mode="create"))
     elif hasattr(store, "_client"):
         import httpx
 
         client, base = httpx.Client(timeout=10), a.url.split("?", 1)[0].rstrip("/")
+        add("http_post", "bare POST /health on a second client", lambda: client.post(base + "/health", content=RECORD))
+        sync = fsync_op()
 
-        def op() -> None:
+        def post_and_sync() -> None:
             client.post(base + "/health", content=RECORD)
-        op.what = "bare POST /health on a second client"
-    else:
-        return None
-    for _ in range(5):
-        op()
-    return op
+            sync()
+        add("http_post_plus_fdatasync", "bare POST /health, then write+fdatasync 152 B here (RTT + one fsync)",
+            post_and_sync)
+    for op in ops:
+        for _ in range(5):
+            op()
+    return ops
 
 
 # ---- peers --------------------------------------------------------------------------------------

@@ -397,20 +397,33 @@ def _is_digest(value: Any) -> bool:
 
 @contextmanager
 def durable(run_id: str, *, store: Store | str | None = None, definition: Any = None, input: Any = None,
-            budget: Any = None, session_id: str | None = None) -> Iterator[Run]:
+            budget: Any = None, session_id: str | None = None, capture: Sequence[str] | None = None,
+            namespace: dict | None = None) -> Iterator[Run]:
     """Run a block as one durable run: locked, journaled, completed on success.
 
     ``definition`` (any JSON, or its SHA-256), ``input``, ``budget`` (``{"usd", "tokens", "calls"}``)
     and ``session_id`` are the run's identity: a resume with different ones raises the matching
     IdentityMismatch before anything is spent or written. Journaled calls inside (``run.call_model``,
-    ``run.call_tool``, a ``durable_client``) replay on resume. An exception records ``run_failed``
-    for this attempt and propagates; KeyboardInterrupt (Ctrl-C, Kernel > Interrupt) records
-    nothing, so the run stays pending and resumable.
+    ``run.call_tool``, a ``durable_client``) replay on resume. ``capture=["total", ...]`` saves
+    those variables of ``namespace`` (default: the caller's globals, i.e. the notebook's) with every
+    commit and puts them back when the block is entered again — what ``%%resumable`` does, without
+    the magic. An exception records ``run_failed`` for this attempt and propagates;
+    KeyboardInterrupt (Ctrl-C, Kernel > Interrupt) records nothing, so the run stays pending and
+    resumable.
     """
     identity, parsed = identity_fields(definition, input, budget, session_id)
     run, owner = open_checked(run_id, store, identity, parsed)
     if owner:
         run._iterate_loops = 0
+    if capture:
+        from .namespace import Snapshotter
+
+        target = namespace if namespace is not None else sys._getframe(2).f_globals
+        snapshot = Snapshotter(target, capture, objects=run.store.objects, run_id=run.run_id, store_url=run.store.url,
+                               strict=capture)
+        if (run.saved_names or {}).get("values"):
+            snapshot.restore(run.saved_names["values"])
+        run.capture = lambda: {"values": snapshot.capture(), "at": None}
     token = _CURRENT.set(run)
     try:
         yield run
@@ -425,6 +438,8 @@ def durable(run_id: str, *, store: Store | str | None = None, definition: Any = 
             run.complete()
     finally:
         _CURRENT.reset(token)
+        if capture:
+            run.capture = None
         if owner:
             run.close()
 
