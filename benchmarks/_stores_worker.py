@@ -338,7 +338,7 @@ def paired_floor(a: argparse.Namespace, store) -> list:
     if kind == "SqliteStore":
         import sqlite3
 
-        from caravanserai.stores.sql import SqlDurableStore
+        from caravanserai.stores.sql import SqlDurableStore, _queries
 
         conn = sqlite3.connect(os.path.join(a.dir, f"paired-{os.getpid()}.db"), isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
@@ -346,7 +346,7 @@ def paired_floor(a: argparse.Namespace, store) -> list:
         conn.execute("CREATE TABLE bare (id INTEGER PRIMARY KEY, payload TEXT NOT NULL)")
         conn.executescript(SqlDurableStore.schema("sqlite", "fenced"))
         conn.execute("INSERT INTO fenced_leases VALUES ('r', 'h', 1, 9000000000000000)")
-        fenced_sql, chunk = store._queries["append"], iter(range(10**9))
+        fenced_sql, chunk = _queries("sqlite", "fenced")["append"], iter(range(10**9))
         add("sqlite_bare_insert", "bare SQLite WAL FULL INSERT commit (rowid table)",
             lambda: conn.execute("INSERT INTO bare (payload) VALUES (?)", (line,)))
         add("sqlite_same_statement", "ours' fenced INSERT ... WHERE EXISTS (lease) RETURNING, bare sqlite3, same schema",
@@ -356,7 +356,7 @@ def paired_floor(a: argparse.Namespace, store) -> list:
 
         import psycopg
 
-        from caravanserai.stores.sql import SqlDurableStore
+        from caravanserai.stores.sql import SqlDurableStore, _queries
 
         conn = psycopg.connect(a.dsn, autocommit=True)
         table = f"bench_paired_{os.getpid()}"
@@ -365,7 +365,7 @@ def paired_floor(a: argparse.Namespace, store) -> list:
             if statement.strip():
                 conn.execute(statement)
         conn.execute(f"INSERT INTO {table}_leases VALUES ('r', 'h', 1, 9000000000000000)")
-        fenced_sql = re.sub(r"\$\d+", "%s", store._queries["append"]).replace(store.table, table)
+        fenced_sql = re.sub(r"\$\d+", "%s", _queries("postgres", table)["append"])
         chunk = iter(range(10**9))
         add("pg_bare_insert", "bare INSERT + COMMIT on a second connection",
             lambda: conn.execute(f"INSERT INTO {table}_bare (payload) VALUES (%s)", (line,)))

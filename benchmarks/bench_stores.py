@@ -589,6 +589,22 @@ def main() -> int:
         if prow:
             say(table(["backend", "checkpoint", "store.append", "I/O call (what)", "append - I/O", "outside append",
                        "CPU user + sys", "durable() open", "close"], prow))
+        plines = []
+        for backend in BACKENDS:
+            pr = [r for r in raw.get(f"paired_{backend}", []) if "paired_floors" in r]
+            if not pr:
+                continue
+            o = summary(pooled(pr))
+            parts = [f"ours {fmt_us(o['median_us'])} (p99 {fmt_us(o['p99_us'])})"]
+            for name, first in pr[0]["paired_floors"].items():
+                f = summary([x for r in pr for x in r["paired_floors"][name]["samples_us"]])
+                parts.append(f"{first['what']}: {fmt_us(f['median_us'])} (p99 {fmt_us(f['p99_us'])}) -> "
+                             f"ours/this {o['median_us'] / f['median_us']:.2f}x")
+            plines.append(f"  {backend}: " + "\n      ".join(parts))
+        if plines:
+            say("\nfloors measured in ours' own process, one of each next to every checkpoint (order alternating), "
+                "pooled over rounds:")
+            say("\n".join(plines))
         for backend, result in profiles.items():
             if "profile_top_tottime" not in result:
                 continue

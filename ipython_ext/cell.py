@@ -232,28 +232,39 @@ def _check_source(run_id: str, events: list[dict], definition: str, source: str)
 
 
 def _prepare_fork(store: Any, source_run: str, new_run: str, definition: str, cell_source: str) -> None:
-    """Start ``new_run`` from ``source_run``'s last waypoint (state and saved variables), once."""
+    """Start ``new_run`` where ``source_run`` stands: its last waypoint, its loops' progress and its
+    saved variables (once; a re-run of the fork cell just resumes the fork)."""
     if read_events(new_run, store):
         return
     events = read_events(source_run, store)
     if not events:
         raise CaravanseraiError(f"cannot fork run {source_run!r}: it does not exist in {store.url}", run_id=source_run)
-    last = next((e for e in reversed(events) if e["type"] in ("waypoint", "progress") and "names" in e), None)
     waypoint = next((e for e in reversed(events) if e["type"] == "waypoint" and "state" in e), None)
+    named = next((e for e in reversed(events) if e["type"] in ("waypoint", "progress") and "names" in e), None)
+    loops: dict[int, dict] = {}
+    for event in events:
+        if event["type"] == "restarted":
+            loops, waypoint, named = {}, None, None
+        elif event["type"] == "progress":
+            loop = loops.setdefault(event.get("loop", 0), {"items": [], "done": 0})
+            loop["items"].extend(event.get("items", ()))
+            loop["done"] = event.get("done", len(loop["items"]))
+    copied: list[dict] = [{"type": "waypoint", "n": 1, "note": f"forked from {source_run}",
+                           "state": waypoint.get("state") if waypoint else None}]
+    copied += [{"type": "progress", "loop": loop, "done": info["done"], "items": info["items"], "note": f"forked from {source_run}"}
+               for loop, info in sorted(loops.items())]
+    if named is not None:
+        values = named["names"].get("values", {})
+        copied[-1]["names"] = {"values": values, "at": named["names"].get("at")}
+        for entry in values.values():  # large values live under the source run's key space
+            if "object" in entry:
+                payload = store.objects.get(f"values/{source_run}/{entry['object']}")
+                store.objects.put_if_absent(f"values/{new_run}/{entry['object']}", payload)
     run, owner = open_checked(new_run, store, {})
     try:
-        run.describe(forked_from={"run_id": source_run, "seq": (last or waypoint or events[-1])["seq"]},
+        run.describe(forked_from={"run_id": source_run, "seq": events[-1]["seq"]},
                      definition_sha256=definition, cell_source=cell_source)
-        copied: dict = {"type": "waypoint", "n": 1, "note": f"forked from {source_run}",
-                        "state": waypoint.get("state") if waypoint else None}
-        if last is not None:
-            copied["names"] = {"values": last["names"].get("values", {}), "at": last["names"].get("at")}
-            values = last["names"].get("values", {})
-            for entry in values.values():  # large values live under the source run's key space
-                if "object" in entry:
-                    payload = store.objects.get(f"values/{source_run}/{entry['object']}")
-                    store.objects.put_if_absent(f"values/{new_run}/{entry['object']}", payload)
-        run.append(copied)
+        run.append(*copied)
     finally:
         if owner:
             run.close()
