@@ -160,27 +160,78 @@ def floor_http(a: argparse.Namespace) -> dict:
 
 
 # ---- ours ---------------------------------------------------------------------------------------
-def wrap(obj, name: str, bucket: list) -> bool:
-    """Time ``obj.name`` calls made on the main thread into ``bucket`` (seconds)."""
-    try:
-        original = getattr(obj, name)
-    except AttributeError:
-        return False
+class Parts:
+    """Times, on the main thread, each ``store.append`` and the I/O calls made inside it."""
 
-    def timed(*args, **kwargs):
-        if threading.get_ident() != MAIN:
-            return original(*args, **kwargs)
-        t = time.perf_counter()
+    def __init__(self) -> None:
+        self.append: list[float] = []  # per store.append
+        self.io_in_append: list[float] = []  # per store.append: its I/O calls, summed
+        self.io_calls_in_append: list[int] = []
+        self.io_outside: list[float] = []  # I/O calls outside store.append (lease renewals, ...)
+        self.write: list[float] = []  # LocalStore: write_all per append
+        self._io: list | None = None
+
+    def clear(self) -> None:
+        for bucket in (self.append, self.io_in_append, self.io_calls_in_append, self.io_outside, self.write):
+            bucket.clear()
+
+    def wrap_append(self, store) -> None:
+        original = store.append
+
+        def append(*args, **kwargs):
+            if threading.get_ident() != MAIN:
+                return original(*args, **kwargs)
+            self._io = []
+            t = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.append.append(time.perf_counter() - t)
+                self.io_in_append.append(sum(self._io))
+                self.io_calls_in_append.append(len(self._io))
+                self._io = None
+
+        store.append = append
+
+    def wrap_io(self, obj, name: str, bucket: list | None = None) -> bool:
         try:
-            return original(*args, **kwargs)
-        finally:
-            bucket.append(time.perf_counter() - t)
+            original = getattr(obj, name)
+        except AttributeError:
+            return False
 
-    try:
-        setattr(obj, name, timed)
-    except (AttributeError, TypeError):
-        return False
-    return True
+        def io(*args, **kwargs):
+            if threading.get_ident() != MAIN:
+                return original(*args, **kwargs)
+            t = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                elapsed = time.perf_counter() - t
+                if bucket is not None:
+                    bucket.append(elapsed)
+                elif self._io is not None:
+                    self._io.append(elapsed)
+                else:
+                    self.io_outside.append(elapsed)
+
+        try:
+            setattr(obj, name, io)
+        except (AttributeError, TypeError):
+            return False
+        return True
+
+    def report(self, samples: list[float], n: int) -> dict:
+        out = {"store.append": stats(us(self.append)), "io": stats(us(self.io_in_append)),
+               "append - io": stats(us([a - b for a, b in zip(self.append, self.io_in_append)])),
+               "io calls per append": statistics.fmean(self.io_calls_in_append) if self.io_calls_in_append else None,
+               "io outside append": {**stats(us(self.io_outside)), "calls_per_ckpt": len(self.io_outside) / n}}
+        if self.write:
+            out["write"] = stats(us(self.write))
+        if len(self.append) == len(samples):
+            out["outside store.append"] = stats(us([s - a for s, a in zip(samples, self.append)]))
+        else:
+            out["outside store.append"] = {"n": 0, "why": f"{len(self.append)} store.append calls for {len(samples)} checkpoints"}
+        return out
 
 
 def ours(a: argparse.Namespace) -> dict:
@@ -208,26 +259,25 @@ def ours(a: argparse.Namespace) -> dict:
     open_store_s = time.perf_counter() - t
     floor_ops = paired_floor(a, store) if a.paired else []
     kind = type(store).__name__
-    parts: dict[str, list] = {"store.append": [], "io": []}
+    parts = Parts()
     io_name = "?"
-    wrap(store, "append", parts["store.append"])
+    parts.wrap_append(store)
     if kind == "LocalStore":
         from caravanserai.stores import local as local_mod
 
-        parts["write"] = []
-        wrap(local_mod, "write_all", parts["write"])
-        wrap(os, "fdatasync", parts["io"])
+        parts.wrap_io(local_mod, "write_all", parts.write)
+        parts.wrap_io(os, "fdatasync")
         io_name = "os.fdatasync"
     elif hasattr(store, "_exec"):  # SqlDurableStore: the driver call (sqlite3 / psycopg execute + fetch)
-        wrap(store, "_exec", parts["io"])
+        parts.wrap_io(store, "_exec")
         io_name = "driver exec (execute + fetchall)"
     elif hasattr(store, "storage"):  # ObjectDurableStore over obstore
         import obstore
 
-        wrap(obstore, "put", parts["io"])
+        parts.wrap_io(obstore, "put")
         io_name = "obstore.put"
     elif hasattr(store, "_client"):  # HttpDurableStore
-        wrap(store._client, "request", parts["io"])
+        parts.wrap_io(store._client, "request")
         io_name = "httpx.Client.request"
 
     state_note = "note"
@@ -237,8 +287,7 @@ def ours(a: argparse.Namespace) -> dict:
         t_opened = time.perf_counter()
         for i in range(a.warmup):
             run.checkpoint({"i": -1 - i}, state_note)
-        for bucket in parts.values():
-            bucket.clear()
+        parts.clear()
         if a.profile:
             import cProfile
 
@@ -271,7 +320,7 @@ def ours(a: argparse.Namespace) -> dict:
         cpu1, thr1 = resource.getrusage(resource.RUSAGE_SELF), time.thread_time()
         if profiler is not None:
             profiler.disable()
-        parts = {name: list(bucket) for name, bucket in parts.items()}  # before close() appends run_completed
+        parts_report = parts.report(samples, a.n)  # before close() appends run_completed
         t_close = time.perf_counter()
     close_s = time.perf_counter() - t_close
     out = {"samples_us": us(samples), "store_class": kind, "url": getattr(store, "url", a.url),
@@ -280,17 +329,13 @@ def ours(a: argparse.Namespace) -> dict:
            "cpu_user_us_per_ckpt": (cpu1.ru_utime - cpu0.ru_utime) / a.n * 1e6,
            "cpu_sys_us_per_ckpt": (cpu1.ru_stime - cpu0.ru_stime) / a.n * 1e6,
            "main_thread_cpu_us_per_ckpt": (thr1 - thr0) / a.n * 1e6,
-           "parts": {name: {**stats(us(b)), "calls_per_ckpt": len(b) / a.n} for name, b in parts.items()},
+           "parts": parts_report,
            "caravanserai": getattr(caravanserai, "__version__", None), "registered_scheme_by_bench": registered}
     if floor_ops:
         out["paired_floor_us"] = us(floor_samples[floor_ops[0].name])  # the floor the target is judged against
         out["paired_floor"] = {**stats(out["paired_floor_us"]), "what": floor_ops[0].what, "name": floor_ops[0].name}
         out["paired_floors"] = {op.name: {**stats(us(floor_samples[op.name])), "what": op.what, "samples_us": us(floor_samples[op.name])}
                                 for op in floor_ops}
-    out["parts"]["outside store.append"] = stats([round((s - b) * 1e6, 1) for s, b in zip(samples, parts["store.append"])]) \
-        if len(parts["store.append"]) == len(samples) else {"n": 0}
-    out["parts"]["store.append minus io"] = stats([round((b - c) * 1e6, 1) for b, c in zip(parts["store.append"], parts["io"])]) \
-        if len(parts["io"]) == len(parts["store.append"]) else {"n": 0}
     if profiler is not None:
         import io
         import pstats
@@ -511,9 +556,15 @@ def dbos_pg(a: argparse.Namespace) -> dict:
 
 # ---- the journal service --------------------------------------------------------------------------
 def serve(a: argparse.Namespace) -> None:
-    """Start ``caravanserai.service.serve`` with whatever of (store, host, port, token) it takes."""
+    """Start ``caravanserai.service.serve`` with whatever of (store, host, port, token) it takes.
+
+    With ``--stats FILE`` the service's own time is measured and written there when it stops:
+    per request kind, from the ASGI app being called to the last body byte handed back, and the
+    backing store's ``append`` / ``os.fdatasync`` under it.
+    """
     import inspect
 
+    import caravanserai
     from caravanserai import service
 
     fn = service.serve
@@ -529,8 +580,108 @@ def serve(a: argparse.Namespace) -> None:
     if missing:
         sys.exit(f"caravanserai.service.serve{sig}: cannot fill {missing}")
     os.environ.setdefault("CARAVANSERAI_HTTP_TOKEN", a.token)
+    buckets: dict[str, list] = {}
+    if a.stats:
+        def record(name: str, seconds: float) -> None:
+            buckets.setdefault(name, []).append(seconds)
+
+        backing = caravanserai.open_store(a.backing)  # serve() opens the same URL: the cached instance
+        original_append, original_fdatasync = backing.append, os.fdatasync
+
+        def append(*args, **kw):
+            t = time.perf_counter()
+            try:
+                return original_append(*args, **kw)
+            finally:
+                record("backing store.append", time.perf_counter() - t)
+
+        def fdatasync(fd):
+            t = time.perf_counter()
+            try:
+                return original_fdatasync(fd)
+            finally:
+                record("os.fdatasync (service)", time.perf_counter() - t)
+
+        backing.append = append
+        os.fdatasync = fdatasync
+        original_committed = backing.committed
+
+        def committed(*args, **kw):
+            t = time.perf_counter()
+            try:
+                return original_committed(*args, **kw)
+            finally:
+                record("backing store.committed (views hand-off)", time.perf_counter() - t)
+
+        backing.committed = committed
+        original_service_append = service.JournalService.append
+
+        def service_append(self, *args, **kw):
+            t = time.perf_counter()
+            try:
+                return original_service_append(self, *args, **kw)
+            finally:
+                record("JournalService.append (run lock + backing append + views)", time.perf_counter() - t)
+
+        service.JournalService.append = service_append
+        import starlette.concurrency as concurrency
+
+        original_run_in_threadpool = concurrency.run_in_threadpool
+
+        async def run_in_threadpool(func, *args, **kw):
+            marks = {}
+
+            def inner(*a2, **k2):
+                marks["start"] = time.perf_counter()
+                try:
+                    return func(*a2, **k2)
+                finally:
+                    marks["end"] = time.perf_counter()
+
+            t = time.perf_counter()
+            try:
+                return await original_run_in_threadpool(inner, *args, **kw)
+            finally:
+                back = time.perf_counter()
+                if "start" in marks and "end" in marks:
+                    record("thread pool: hop to the worker thread", marks["start"] - t)
+                    record("thread pool: handler in the worker thread", marks["end"] - marks["start"])
+                    record("thread pool: hop back to the event loop", back - marks["end"])
+
+        concurrency.run_in_threadpool = run_in_threadpool
+        original_create_app = service.create_app
+
+        def create_app(*args, **kw):
+            app = original_create_app(*args, **kw)
+
+            async def timed_app(scope, receive, send):
+                if scope.get("type") != "http":
+                    return await app(scope, receive, send)
+                t = time.perf_counter()
+                path = scope.get("path", "")
+                kind = "POST .../append" if path.endswith("/append") else "POST /health" if path == "/health" and \
+                    scope.get("method") == "POST" else f"{scope.get('method')} other"
+
+                async def timed_send(message):
+                    if message.get("type") == "http.response.body" and not message.get("more_body"):
+                        record(f"service: {kind} (ASGI app, request to response)", time.perf_counter() - t)
+                    await send(message)
+
+                return await app(scope, receive, timed_send)
+            return timed_app
+
+        service.create_app = create_app
     print(f"serve{sig} with {sorted(kwargs)}", flush=True)
-    fn(**kwargs)
+    import signal
+
+    # uvicorn re-raises the SIGTERM it caught once it has shut down: let that return here instead.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        fn(**kwargs)
+    finally:
+        if a.stats:
+            with open(a.stats, "w", encoding="utf-8") as handle:
+                json.dump({name: stats(us(b)) for name, b in buckets.items()}, handle)
 
 
 MODES = {"floor_fsync": floor_fsync, "floor_sqlite": floor_sqlite, "floor_pg": floor_pg, "floor_s3": floor_s3,
@@ -552,6 +703,7 @@ def main() -> None:
     p.add_argument("--backing", default="")
     p.add_argument("--port", type=int, default=0)
     p.add_argument("--token", default="")
+    p.add_argument("--stats", default="", help="serve: write the service's own timings here when it stops")
     p.add_argument("--paired", action="store_true", help="ours: also run the floor op next to each checkpoint")
     a = p.parse_args()
     if a.mode == "serve":
@@ -561,6 +713,7 @@ def main() -> None:
     result["stats"] = stats(result["samples_us"])
     result["mode"] = a.mode
     result["pid"] = os.getpid()
+    result["loadavg_end"] = os.getloadavg()
     emit(result)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
@@ -111,7 +112,12 @@ except ImportError:  # pragma: no cover - orjson is optional
     _fast_loads = json.loads
 
 
+_LONG_NUMBER = re.compile(r"\d{19}")
+
+
 def _loads(line: str) -> Any:
+    if _LONG_NUMBER.search(line):
+        return json.loads(line)  # orjson turns integers beyond 64 bits into floats: keep them exact
     try:
         return _fast_loads(line)
     except ValueError:

@@ -136,9 +136,10 @@ class Run:
         with self._lock:
             if self._closed:
                 raise CaravanseraiError(f"run {self.run_id!r} is closed; open it again with durable()", run_id=self.run_id)
-            if self.capture is not None:  # a notebook cell's variables go with every commit
-                events = tuple({**e, "names": self.capture()} if e["type"] in ("waypoint", "progress") else e
-                               for e in events)
+            if self.capture is not None and any(e["type"] in ("waypoint", "progress") for e in events):
+                names = self.capture()  # a notebook cell's variables go with its commits (None: not this one)
+                if names:
+                    events = tuple({**e, "names": names} if e["type"] in ("waypoint", "progress") else e for e in events)
             pending = [*self._header, *events]
             lines, encoded, tail = journal.encode(pending, self._tail)
             self._lease.renew()

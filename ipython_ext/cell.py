@@ -200,11 +200,11 @@ class CellRun:
     def _values(self) -> dict:
         return self.snapshot.capture()
 
-    def _capture(self) -> dict:
+    def _capture(self) -> dict | None:
         self._commits += 1
         every = self.args.every or 1
         if self._commits % every and self._commits != 1:
-            return {}
+            return None  # --every N: this commit carries no variables (the last saved ones stay current)
         return {"values": self._values(), "at": self.stmt}
 
     def _on_commit(self, events: list[dict]) -> None:

@@ -354,7 +354,7 @@ def test_second_process_gets_run_locked_then_takes_over_after_sigkill(project: P
 
 
 WRITER = r"""
-import sys, caravanserai
+import os, sys, caravanserai
 limit = int(sys.argv[1]) if len(sys.argv) > 1 else None
 with caravanserai.durable("views") as run:
     step = (run.state or {}).get("step", 0)
@@ -362,7 +362,8 @@ with caravanserai.durable("views") as run:
     while limit is None or done < limit:
         step += 1
         done += 1
-        print(run.checkpoint({"step": step, "pad": "x" * 2000}, f"note {step}"), flush=True)
+        n = run.checkpoint({"step": step, "pad": "x" * 2000}, f"note {step}")
+        os.write(1, f"{n}\n".encode())  # one write: a kill cannot split an ack
 """
 
 

