@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench clean-venv model-server
+.PHONY: demo test bench clean-venv model-server vllm-server
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -22,7 +22,11 @@ demo: $(BIN)/.installed
 model-server: $(BIN)/.installed
 	$(BIN)/python tests/servers/model_server.py setup
 
-test: $(BIN)/.installed model-server
+# vLLM's CPU build (its own venv, ~3.4 GB, built once): the server that reports cached_tokens.
+vllm-server: model-server
+	$(BIN)/python tests/servers/vllm_server.py setup
+
+test: $(BIN)/.installed model-server vllm-server
 	$(BIN)/python -m pytest
 
 bench: $(BIN)/.installed

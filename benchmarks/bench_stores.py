@@ -450,8 +450,9 @@ def main() -> int:
             pairs = []
             if {"local", "sqlite"} & set(wanted):
                 pairs.append([("floor_fsync:floor_fsync", ["--tag", f"a{k}"], False)])
+            peers_only = "postgres" not in wanted and bool({"langgraph", "dbos"} & set(wanted))
             for backend in ("local", "sqlite", "postgres", "s3", "http"):
-                if backend not in wanted:
+                if backend not in wanted and not (backend == "postgres" and peers_only):
                     continue
                 floor = {"local": None, "sqlite": ("floor_sqlite", ["--tag", f"{k}"]),
                          "postgres": ("floor_pg", ["--dsn", dsn or "", "--tag", f"r{k}"]),
@@ -461,13 +462,15 @@ def main() -> int:
                 paired_job = (f"ours:paired_{backend}", ["--url", ours_url(backend, k), "--run-id", f"bench-{backend}-p{k}",
                                                           "--paired", "--dsn", dsn or ""], False)
                 pair = [ours_job] if floor is None else [(f"{floor[0]}:{floor[0]}", floor[1], False), ours_job]
+                if backend not in wanted:  # the peers' floor only
+                    pair = pair[:1]
                 if backend == "postgres":
                     if "langgraph" in wanted:
                         pair.append(("lg_pg:lg_pg", ["--dsn", lg_dsn, "--tag", f"r{k}"], True))
                     if "dbos" in wanted:
                         pair.append(("dbos_pg:dbos_pg", ["--dsn", create_database(dsn, f"bench_dbos_r{k}"), "--tag", f"r{k}"], True))
                 pairs.append(list(reversed(pair)) if flip and len(pair) > 1 else pair)
-                if not args.no_paired:
+                if not args.no_paired and backend in wanted:
                     pairs.append([paired_job])
                 if backend == "sqlite":
                     pairs.append([("floor_fsync:floor_fsync", ["--tag", f"b{k}"], False)])

@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -95,8 +96,6 @@ def _build_env(venv_dir: Path, py: Path) -> Path:
     t0 = time.monotonic()
     if venv_dir.exists():
         _log(f"rebuilding {venv_dir} (stamp missing or different)")
-        import shutil
-
         shutil.rmtree(venv_dir)
     ms._run([sys.executable, "-m", "venv", venv_dir])
     env = ms._child_env()
