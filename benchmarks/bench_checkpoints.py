@@ -539,6 +539,7 @@ def main() -> int:
     parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=parent))
     mount = mount_of(work)
+    load_start = os.getloadavg()
     notes = machine_notes()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -546,6 +547,8 @@ def main() -> int:
           f"{' + local changes in caravanserai/' if notes['package_modified_vs_head'] else ''}")
     print(f"Python {notes['python']}, {notes['cpu_count']} CPUs ({notes['cpu_model']}), {notes['platform']}")
     print(f"work dir {work} on {mount['device']} ({mount['fstype']}, mounted at {mount['mount']})")
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (other jobs share these CPUs: "
+          "compare the CPU-time columns when it is high)")
     if mount["fstype"] in ("tmpfs", "ramfs"):
         print("WARNING: the work dir is on tmpfs: fsync costs nothing there")
     print(f"big log: {steps:,} steps; forks at steps {ks[0]:,} and {ks[1]:,}; small run: {args.small_steps} steps\n", flush=True)
@@ -658,6 +661,8 @@ def main() -> int:
             print(f"\nwork dir kept: {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
+    result["loadavg_start"], result["loadavg_end"] = load_start, os.getloadavg()
+    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in result['loadavg_end'])}")
     out.write_text(json.dumps(result, indent=1, default=str))
     print(f"\nraw numbers: {out}")
     return 0
@@ -688,8 +693,8 @@ def report(r: dict, steps: int, ks: tuple[int, int], small_steps: int) -> None:
             if name == "load_small":
                 ctx = ("LG get_state latest, 10k: 0.6-0.9 ms SQLite, 2-6.7 ms PG" if d == "1"
                        else "LG DeltaChannel get_state: 1.8-2.1 ms SQLite, 6.1-8.4 ms PG")
-            rows.append((f"2. load depth {d} ({where}, {fmt_b(row['checkpoint_bytes'])}), fresh log",
-                         f"{fmt_t(row['fresh']['median'])}", ctx))
+            rows.append((f"2. load depth {d} ({where}, {fmt_b(row['checkpoint_bytes'])}), fresh log; CPU",
+                         f"{fmt_t(row['fresh']['median'])}; {fmt_t(row['fresh_cpu']['median'])}", ctx))
             rows.append((f"   load depth {d}, warm log (cache hit)", fmt_t(row["warm"]["median"]), ""))
     for k in ks:
         f = r["fork"][str(k)]

@@ -27,7 +27,8 @@ from .serialization import to_json
 if TYPE_CHECKING:
     from .runs import Run
 
-__all__ = ["EFFECTS", "current_idempotency_key", "idempotency_key", "journaled_call", "model_call", "settle", "tool_call"]
+__all__ = ["EFFECTS", "current_idempotency_key", "fail_call", "idempotency_key", "journaled_call", "model_call", "settle",
+           "settle_call", "start_call", "tool_call"]
 
 EFFECTS = ("read", "idempotent", "write", "external")
 _IDEMPOTENCY_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("caravanserai_idempotency_key", default=None)
@@ -42,28 +43,36 @@ def idempotency_key(run_id: str, tool_path: str, call_id: str, args_sha256: str)
     return hashlib.sha256("\x1f".join((run_id, tool_path, call_id, args_sha256)).encode("utf-8")).hexdigest()
 
 
-def journaled_call(run: "Run", *, path: str, kind: str, provider: str, model: str, request: dict,
-                   send: Callable[[], tuple[dict, Usage]], prompt_estimate: int = 0, max_tokens: int | None = None) -> dict:
-    """Journal one call around ``send()`` (which returns the response as JSON plus its usage)."""
+def start_call(run: "Run", *, path: str, kind: str, provider: str, model: str, request: dict,
+               prompt_estimate: int = 0, max_tokens: int | None = None) -> tuple[dict | None, dict | None]:
+    """Before a call goes out: (journaled response, None) to replay, or (None, pending) once the
+    intent (``call_started``) is durable. Refuses a call over budget before anything is sent."""
     ledger = run.ledger
     request_sha = digest(request)
     hit = ledger.replay_model(path, request_sha)
     if hit is not None:
         ledger.settle(hit, replayed=True)
-        return hit["call"]["response"]
+        return hit["call"]["response"], None
     ledger.check_budget(model, prompt_estimate, max_tokens)
-    call_id = ledger.next_call_id(path)
-    run.append({"type": "call_started", "path": path, "kind": kind, "provider": provider, "model": model,
-                "call_id": call_id, "request_sha256": request_sha})
-    try:
-        response, usage = send()
-    except BaseException as exc:
-        if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            info = exc.to_dict() if isinstance(exc, CaravanseraiError) else {"code": type(exc).__name__, "message": str(exc)[:500]}
-            run.append({"type": "call_failed", "path": path, "kind": kind, "call_id": call_id, **info})
-        raise
+    pending = {"path": path, "kind": kind, "provider": provider, "model": model,
+               "call_id": ledger.next_call_id(path), "request_sha256": request_sha}
+    run.append({"type": "call_started", **pending})
+    return None, pending
+
+
+def fail_call(run: "Run", pending: dict, exc: BaseException) -> None:
+    """The call failed before any answer: journal it (nothing was spent), unless the process is stopping."""
+    if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+        info = exc.to_dict() if isinstance(exc, CaravanseraiError) else {"code": type(exc).__name__, "message": str(exc)[:500]}
+        run.append({"type": "call_failed", "path": pending["path"], "kind": pending["kind"], "call_id": pending["call_id"], **info})
+
+
+def settle_call(run: "Run", pending: dict, response: dict, usage: Usage) -> dict:
+    """After the answer: ``call_settled`` with usage, inferred USD and the response (durable on return)."""
+    model = pending["model"]
     call = {
-        "call_id": call_id, "request_sha256": request_sha, "provider": provider, "model": model,
+        "call_id": pending["call_id"], "request_sha256": pending["request_sha256"], "provider": pending["provider"],
+        "model": model,
         "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
                   "total_tokens": usage.total_tokens, "cached_tokens": usage.cached_tokens},
         "estimated_usd": estimate_usd(model, usage.prompt_tokens, usage.completion_tokens),
@@ -71,9 +80,24 @@ def journaled_call(run: "Run", *, path: str, kind: str, provider: str, model: st
         "response": response,
     }
     encoded = RawJSON(to_json(call, what="model response"), call)  # encoded once, spliced into the line
-    settled = run.append({"type": "call_settled", "path": path, "kind": kind, "call": encoded})[0]
-    ledger.settle(settled)
+    settled = run.append({"type": "call_settled", "path": pending["path"], "kind": pending["kind"], "call": encoded})[0]
+    run.ledger.settle(settled)
     return response
+
+
+def journaled_call(run: "Run", *, path: str, kind: str, provider: str, model: str, request: dict,
+                   send: Callable[[], tuple[dict, Usage]], prompt_estimate: int = 0, max_tokens: int | None = None) -> dict:
+    """Journal one call around ``send()`` (which returns the response as JSON plus its usage)."""
+    replayed, pending = start_call(run, path=path, kind=kind, provider=provider, model=model, request=request,
+                                   prompt_estimate=prompt_estimate, max_tokens=max_tokens)
+    if pending is None:
+        return replayed
+    try:
+        response, usage = send()
+    except BaseException as exc:
+        fail_call(run, pending, exc)
+        raise
+    return settle_call(run, pending, response, usage)
 
 
 def model_call(run: "Run", model: Model, messages: list[dict], *, path: str, tools: list[dict] | None = None,

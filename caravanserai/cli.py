@@ -285,6 +285,26 @@ def _short(value: Any, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .service import serve
+    from .stores import default_store_url
+
+    serve(args.backing or args.store or default_store_url(), host=args.host, port=args.port, token=args.token,
+          ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
+    return 0
+
+
+def cmd_store_init(args: argparse.Namespace) -> int:
+    from .stores.sql import SqlDurableStore
+
+    store = open_store(args.url)
+    if not isinstance(store, SqlDurableStore):
+        raise ResumeError(f"{store.url} is not a SQL store: only sqlite:// and postgresql:// stores have a schema to create")
+    store.create_schema()
+    print(f"created the caravanserai tables ({store.table}, {store.table}_leases, {store.table}_objects) in {store.url}")
+    return 0
+
+
 def cmd_clean(args: argparse.Namespace) -> int:
     store = open_store(args.store)
     if not clean(args.run_id, store=store):
@@ -346,6 +366,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_b")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_diff)
+    p = sub.add_parser("serve", parents=[common], help="run the HTTP journal service in front of a store")
+    p.add_argument("backing", nargs="?", metavar="STORE_URL",
+                   help="the store to serve (default: --store, $CARAVANSERAI_STORE or ./.caravanserai)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--token", help="bearer token clients must present (default: $CARAVANSERAI_HTTP_TOKEN; "
+                                   "prefer the variable: arguments show in ps)")
+    p.add_argument("--ssl-certfile", metavar="PEM")
+    p.add_argument("--ssl-keyfile", metavar="PEM")
+    p.set_defaults(func=cmd_serve)
+    p = sub.add_parser("store", parents=[common], help="store administration: `store init URL` creates SQL tables")
+    store_sub = p.add_subparsers(dest="store_command", required=True)
+    q = store_sub.add_parser("init", help="create the tables of a sqlite:// or postgresql:// store")
+    q.add_argument("url")
+    q.set_defaults(func=cmd_store_init)
     p = sub.add_parser("clean", parents=[common], help="delete a run's checkpoints")
     p.add_argument("run_id")
     p.set_defaults(func=cmd_clean)

@@ -27,6 +27,9 @@ The tree::
     ├── BudgetExceeded                (budget_exceeded)       a call would exceed the run's budget; not sent
     ├── DurableOptionConflict         (durable_option_conflict) durable runs take budget=, not max_cost_usd=
     ├── ModelNotConfigured            (model_not_configured)  auto() found no model in the environment
+    ├── HttpInsecure                  (durable_http_insecure) an http:// journal URL outside localhost
+    ├── HttpTokenRequired             (durable_http_token_required) the journal service needs a token
+    ├── HttpUnauthorized              (durable_http_unauthorized) the journal service refused the token (401/403)
     ├── ObjectConditionalPutRequired  (durable_object_conditional_put_required) object-store leases need conditional puts
     ├── ObjectLeaseTtlInvalid         (durable_object_lease_ttl_invalid) lease_ttl_ms below 3000
     ├── CheckpointFormatError         (checkpoint_format)     not a checkpoint this version can read
@@ -52,6 +55,9 @@ __all__ = [
     "ConversationMismatch",
     "DefinitionChanged",
     "DurableOptionConflict",
+    "HttpInsecure",
+    "HttpTokenRequired",
+    "HttpUnauthorized",
     "IdentityMismatch",
     "InputMismatch",
     "InvalidRunId",
@@ -236,3 +242,15 @@ class ObjectConditionalPutRequired(CaravanseraiError):
 
 class ObjectLeaseTtlInvalid(CaravanseraiError, ValueError):
     code = "durable_object_lease_ttl_invalid"
+
+
+class HttpInsecure(CaravanseraiError, ValueError):
+    code = "durable_http_insecure"
+
+
+class HttpTokenRequired(CaravanseraiError, ValueError):
+    code = "durable_http_token_required"
+
+
+class HttpUnauthorized(CaravanseraiError, PermissionError):
+    code = "durable_http_unauthorized"

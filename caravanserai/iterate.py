@@ -117,6 +117,7 @@ def _iterate(items, run_id, note, limits, key, show_progress, store) -> Iterator
     commit = _Committer(run, loop, note, limits, total, offset, legacy_view)
     line = ProgressLine(run_id, total, resumed_at=offset) if show_progress else None
     position = -1
+    run.active_loops.append(commit)
     try:
         if by_identity:
             seen = set(done)
@@ -124,8 +125,9 @@ def _iterate(items, run_id, note, limits, key, show_progress, store) -> Iterator
                 mark = fingerprint(key(item) if key is not None else item)
                 if mark in seen:
                     continue
+                commit.inflight = (mark, item)
                 yield item
-                commit.done(mark, item)
+                commit.finish_item()
                 if line:
                     line.update(commit.count + offset)
         else:
@@ -134,8 +136,9 @@ def _iterate(items, run_id, note, limits, key, show_progress, store) -> Iterator
                     if position >= base and fingerprint(item) != done[position - base]:
                         raise _changed(run_id, position, item)
                     continue
+                commit.inflight = (fingerprint(item), item)
                 yield item
-                commit.done(fingerprint(item), item)
+                commit.finish_item()
                 if line:
                     line.update(position + 1)
             if position + 1 < offset:
@@ -146,6 +149,8 @@ def _iterate(items, run_id, note, limits, key, show_progress, store) -> Iterator
             run.complete()
             run.close()  # the loop was the whole run: let other processes have it
     finally:
+        if commit in run.active_loops:
+            run.active_loops.remove(commit)
         commit.flush()  # on break/exception: items finished before the current one
         if line:
             line.close()
@@ -164,6 +169,30 @@ class _Committer:
         self.position = position
         self.legacy_view = legacy_view
         self.since = time.monotonic()
+        self.inflight: tuple[str, Any] | None = None
+
+    def finish_item(self) -> None:
+        """The loop asked for the next item: the one in flight is done (unless a waypoint took it)."""
+        if self.inflight is not None:
+            mark, item = self.inflight
+            self.inflight = None
+            self.done(mark, item)
+
+    def claim_inflight(self) -> dict | None:
+        """A waypoint is committed while an item is in flight: its state already holds that item's
+        effects, so the item is counted done in the same append (no double application on resume)."""
+        if self.inflight is None:
+            return None
+        mark, item = self.inflight
+        self.inflight = None
+        self.pending.append(mark)
+        self.count += 1
+        self.position += 1
+        self.last_note = str(self.note(item)) if self.note is not None else \
+            f"processed item {self.position}/{self.total if self.total is not None else '?'}"
+        marks, self.pending = self.pending, []
+        self.since = time.monotonic()
+        return {"type": "progress", "loop": self.loop, "done": self.position, "items": marks, "note": self.last_note}
 
     def done(self, mark: str, item: Any) -> None:
         self.pending.append(mark)

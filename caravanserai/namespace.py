@@ -3,7 +3,9 @@
 Each variable is encoded by the first codec that fits, safest first:
 
 - ``json`` — JSON values (strict; tuples become lists);
-- ``dataframe`` — pandas DataFrames as the pandas "table" JSON (schema and dtypes kept);
+- ``parquet`` — pandas DataFrames as Parquet through pyarrow (values, dtypes and index exact);
+  without pyarrow, ``dataframe``: the pandas "table" JSON (floats to 10 digits, 64-bit dtypes);
+- ``pydantic`` — pydantic models (``model_dump(mode="json")`` + class path, ``model_validate``);
 - ``ndarray`` — NumPy arrays in ``.npy`` format with ``allow_pickle=False``;
 - ``dataclass`` — dataclass instances as their fields (JSON) plus the class path;
 - ``pickle`` — anything else picklable. **Pickle runs code when loaded**, so a pickled value is
@@ -35,6 +37,7 @@ from .serialization import to_json
 __all__ = ["Snapshotter", "UntrustedPickle", "decode_value", "encode_value", "trust_store", "trusted"]
 
 INLINE_LIMIT = 16 * 1024
+_TEXT_CODECS = ("json", "dataframe", "dataclass", "pydantic")
 SIGNING_ENV = "CARAVANSERAI_SIGNING_KEY"
 TRUST_ENV = "CARAVANSERAI_TRUSTED_STORES"
 _TRUSTED: set[str] = set()
@@ -70,7 +73,18 @@ def encode_value(name: str, value: Any) -> tuple[str, bytes, dict]:
         pass
     module = _module(value)
     if module.startswith("pandas") and type(value).__name__ == "DataFrame":
-        return "dataframe", value.to_json(orient="table", date_format="iso", date_unit="ns").encode("utf-8"), {}
+        try:
+            buffer = io.BytesIO()
+            value.to_parquet(buffer, engine="pyarrow")
+            return "parquet", buffer.getvalue(), {}
+        except ImportError:  # no pyarrow: a lossier but safe JSON form
+            return "dataframe", value.to_json(orient="table", date_format="iso", date_unit="ns").encode("utf-8"), {}
+    if hasattr(type(value), "model_validate") and hasattr(value, "model_dump"):
+        try:
+            dumped = to_json(value.model_dump(mode="json"), what=name)
+            return "pydantic", dumped.encode("utf-8"), {"class": f"{module}:{type(value).__qualname__}"}
+        except (SerializationError, TypeError, ValueError):
+            pass
     if module == "numpy" and type(value).__name__ == "ndarray" and value.dtype != object:
         import numpy as np
 
@@ -102,6 +116,12 @@ def decode_value(name: str, codec: str, payload: bytes, extra: dict, *, store_ur
         import pandas as pd
 
         return pd.read_json(io.StringIO(payload.decode("utf-8")), orient="table")
+    if codec == "parquet":
+        import pandas as pd
+
+        return pd.read_parquet(io.BytesIO(payload), engine="pyarrow")
+    if codec == "pydantic":
+        return _find_class(extra["class"], namespace or {}).model_validate(json.loads(payload))
     if codec == "ndarray":
         import numpy as np
 
@@ -168,7 +188,7 @@ class Snapshotter:
                 continue
             entry: dict[str, Any] = {"codec": codec, **{k: v for k, v in extra.items() if v is not None}}
             if len(payload) <= INLINE_LIMIT:
-                entry["data"] = payload.decode("utf-8") if codec in ("json", "dataframe", "dataclass") else \
+                entry["data"] = payload.decode("utf-8") if codec in _TEXT_CODECS else \
                     base64.b64encode(payload).decode("ascii")
             else:
                 digest = hashlib.sha256(payload).hexdigest()
@@ -179,16 +199,24 @@ class Snapshotter:
             saved[name] = entry
         return saved
 
-    def restore(self, saved: dict) -> list[str]:
-        """Put the saved values back into the namespace; returns the names restored."""
+    def restore(self, saved: dict, deferred: dict | None = None) -> list[str]:
+        """Put the saved values back into the namespace; returns the names restored.
+
+        A value whose class is not defined yet (a dataclass defined in the very cell being
+        resumed) is put in ``deferred`` instead, to be restored once the class exists.
+        """
         restored = []
         for name, entry in saved.items():
+            if deferred is not None and entry["codec"] in ("dataclass", "pydantic") and not _class_available(
+                    entry["class"], self.namespace):
+                deferred[name] = entry
+                continue
             codec = entry["codec"]
             if "object" in entry:
                 payload = self.objects.get(f"values/{self.run_id}/{entry['object']}")
                 if hashlib.sha256(payload).hexdigest() != entry["object"]:
                     raise CaravanseraiError(f"saved value of {name!r} is damaged (digest mismatch)", name=name)
-            elif codec in ("json", "dataframe", "dataclass"):
+            elif codec in _TEXT_CODECS:
                 payload = entry["data"].encode("utf-8")
             else:
                 payload = base64.b64decode(entry["data"])
@@ -196,6 +224,14 @@ class Snapshotter:
                                                 namespace=self.namespace)
             restored.append(name)
         return restored
+
+
+def _class_available(path: str, namespace: dict) -> bool:
+    try:
+        _find_class(path, namespace)
+    except (ImportError, AttributeError):
+        return False
+    return True
 
 
 def _is_code(value: Any) -> bool:

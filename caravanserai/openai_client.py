@@ -15,10 +15,11 @@ through unjournaled (a stream cannot be replayed faithfully).
 from __future__ import annotations
 
 import importlib
+import inspect
 from types import SimpleNamespace
 from typing import Any
 
-from .calls import journaled_call
+from .calls import fail_call, settle_call, start_call
 from .models import Usage, canonical
 from .runs import current_run
 
@@ -53,26 +54,52 @@ class _Proxy:
 
 
 def _journaled(create: Any, endpoint: str, provider: str) -> Any:
+    path = f"openai.{endpoint}"
+
+    def begin(run: Any, kwargs: dict) -> tuple[dict | None, dict | None]:
+        prompt = canonical(kwargs.get("messages") or kwargs.get("prompt") or "")
+        return start_call(run, path=path, kind="model", provider=provider, model=str(kwargs.get("model", "")),
+                          request={"endpoint": endpoint, "kwargs": kwargs}, prompt_estimate=len(prompt) // 4,
+                          max_tokens=kwargs.get("max_tokens"))
+
+    if inspect.iscoroutinefunction(create):  # openai.AsyncOpenAI: the intent is durable before the await
+        async def acall(**kwargs: Any) -> Any:
+            run = current_run()
+            if run is None or kwargs.get("stream"):
+                return await create(**kwargs)
+            replayed, pending = begin(run, kwargs)
+            if pending is None:
+                return _from_dict(replayed)
+            try:
+                response = await create(**kwargs)
+            except BaseException as exc:
+                fail_call(run, pending, exc)
+                raise
+            return _from_dict(settle_call(run, pending, *_settled(response)))
+
+        return acall
+
     def call(**kwargs: Any) -> Any:
         run = current_run()
         if run is None or kwargs.get("stream"):
             return create(**kwargs)
-        holder: dict[str, Any] = {}
-
-        def send() -> tuple[dict, Usage]:
+        replayed, pending = begin(run, kwargs)
+        if pending is None:
+            return _from_dict(replayed)
+        try:
             response = create(**kwargs)
-            data = _to_dict(response)
-            holder["type"] = f"{type(response).__module__}:{type(response).__qualname__}"
-            return {"type": holder["type"], "body": data}, Usage.from_openai(data.get("usage"))
-
-        request = {"endpoint": endpoint, "kwargs": kwargs}
-        prompt = canonical(kwargs.get("messages") or kwargs.get("prompt") or "")
-        stored = journaled_call(run, path=f"openai.{endpoint}", kind="model", provider=provider,
-                                model=str(kwargs.get("model", "")), request=request, send=send,
-                                prompt_estimate=len(prompt) // 4, max_tokens=kwargs.get("max_tokens"))
-        return _from_dict(stored)
+        except BaseException as exc:
+            fail_call(run, pending, exc)
+            raise
+        return _from_dict(settle_call(run, pending, *_settled(response)))
 
     return call
+
+
+def _settled(response: Any) -> tuple[dict, Usage]:
+    data = _to_dict(response)
+    return {"type": f"{type(response).__module__}:{type(response).__qualname__}", "body": data}, \
+        Usage.from_openai(data.get("usage"))
 
 
 def _to_dict(response: Any) -> dict:

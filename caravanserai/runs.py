@@ -97,6 +97,7 @@ class Run:
         self._iterate_loops = 0
         self.capture: Any = None  # set by a notebook cell: returns the names to save with each commit
         self.listeners: list[Any] = []  # called with the stored events after each append (status lines, panels)
+        self.active_loops: list[Any] = []  # resumable_iterate loops running over this run right now
         self.ledger = Ledger(run_id, events, self.attempt)
 
     # ---- reading -------------------------------------------------------------------------
@@ -167,7 +168,8 @@ class Run:
         encoded = state if isinstance(state, journal.RawJSON) else journal.RawJSON(to_json(state), state)
         with self._lock:
             event = self.waypoint_event(encoded, note)
-            self.append(event)
+            claimed = [p for p in (loop.claim_inflight() for loop in self.active_loops) if p is not None]
+            self.append(*claimed, event)
             return event["n"]
 
     def waypoint_event(self, state: Any, note: Any) -> dict:

@@ -71,16 +71,17 @@ class _Tee:
 
 
 class _Recorded:
-    """A completed cell's last value, shown as it was (its text), without recomputing it."""
+    """A completed cell's last value, shown as the front end showed it, without recomputing it."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, bundle: dict | None = None) -> None:
         self.text = text
+        self.bundle = bundle or {"text/plain": text}
 
     def __repr__(self) -> str:
-        return self.text
+        return self.bundle.get("text/plain", self.text)
 
-    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
-        printer.text(self.text)
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict:
+        return dict(self.bundle)
 
 
 class CellRun:
@@ -102,6 +103,7 @@ class CellRun:
         self.stmt = 0
         self.resume_at: int | None = None
         self.restored: set[str] = set()
+        self.deferred: dict = {}
         self.run: Any = None
         self.status: Any = None
         self._commits = 0
@@ -111,6 +113,9 @@ class CellRun:
     # ---- called from the transformed cell ---------------------------------------------------
     def at(self, index: int) -> None:
         self.stmt = index
+        if self.deferred:  # a class defined earlier in this cell may exist now
+            pending, self.deferred = self.deferred, {}
+            self.snapshot.restore(pending, self.deferred)
 
     def keep(self, index: int) -> bool:
         """False for a top-level assignment already done before the last save (its names restored)."""
@@ -145,7 +150,8 @@ class CellRun:
                                         store_url=store.url, strict=self.strict)
             saved = run.saved_names or {}
             if saved.get("values"):
-                self.restored = set(self.snapshot.restore(saved["values"]))
+                self.restored = set(self.snapshot.restore(saved["values"], self.deferred))
+                self.restored |= set(self.deferred)  # restored once their class is defined (see at())
                 self.resume_at = saved.get("at")
             if run.completed and run._completed and not self.args.restart:
                 self.execute = False  # completed: re-show, don't recompute
@@ -170,16 +176,17 @@ class CellRun:
         try:
             if etype is None and self.execute:
                 output = "".join(self._tee.parts) if self._tee else ""
-                result = {"stdout": output}
+                result: dict[str, Any] = {"stdout": output}
                 if self.result is not None:
                     result["repr"] = repr(self.result)[:OUTPUT_LIMIT]
+                    result["display"] = self._bundle(self.result)
                 run.complete(result, names={"values": self._values(), "at": None})
             elif etype is None:
                 recorded = run._completed.get("result") or {}
                 if recorded.get("stdout"):
                     sys.stdout.write(recorded["stdout"])
                 if "repr" in recorded:
-                    self.result = _Recorded(recorded["repr"])
+                    self.result = _Recorded(recorded["repr"], recorded.get("display"))
             elif issubclass(etype, KeyboardInterrupt):
                 pass  # Kernel > Interrupt: the run stays pending, resumable from its last commit
             elif self.owner and not isinstance(error, CellChanged):
@@ -195,6 +202,17 @@ class CellRun:
             if self.owner:
                 run.close()
         return False
+
+    def _bundle(self, value: Any) -> dict | None:
+        """The value's display as the front end showed it (text/plain, text/html...), small formats only."""
+        if self.shell is None:
+            return None
+        try:
+            data, _ = self.shell.display_formatter.format(value)
+        except Exception:
+            return None
+        kept = {k: v for k, v in data.items() if isinstance(v, str) and len(v) <= OUTPUT_LIMIT}
+        return kept or None
 
     # ---- saving ------------------------------------------------------------------------------
     def _values(self) -> dict:
@@ -236,16 +254,16 @@ def _prepare_fork(store: Any, source_run: str, new_run: str, definition: str, ce
     saved variables (once; a re-run of the fork cell just resumes the fork)."""
     if read_events(new_run, store):
         return
-    events = read_events(source_run, store)
-    if not events:
+    everything = read_events(source_run, store)
+    if not everything:
         raise CaravanseraiError(f"cannot fork run {source_run!r}: it does not exist in {store.url}", run_id=source_run)
+    restart = max((i for i, e in enumerate(everything) if e["type"] == "restarted"), default=-1)
+    events = everything[restart + 1:]  # only the current attempt's state counts after a --restart
     waypoint = next((e for e in reversed(events) if e["type"] == "waypoint" and "state" in e), None)
     named = next((e for e in reversed(events) if e["type"] in ("waypoint", "progress") and "names" in e), None)
     loops: dict[int, dict] = {}
     for event in events:
-        if event["type"] == "restarted":
-            loops, waypoint, named = {}, None, None
-        elif event["type"] == "progress":
+        if event["type"] == "progress":
             loop = loops.setdefault(event.get("loop", 0), {"items": [], "done": 0})
             loop["items"].extend(event.get("items", ()))
             loop["done"] = event.get("done", len(loop["items"]))
@@ -262,7 +280,7 @@ def _prepare_fork(store: Any, source_run: str, new_run: str, definition: str, ce
                 store.objects.put_if_absent(f"values/{new_run}/{entry['object']}", payload)
     run, owner = open_checked(new_run, store, {})
     try:
-        run.describe(forked_from={"run_id": source_run, "seq": events[-1]["seq"]},
+        run.describe(forked_from={"run_id": source_run, "seq": everything[-1]["seq"]},
                      definition_sha256=definition, cell_source=cell_source)
         run.append(*copied)
     finally:

@@ -10,6 +10,8 @@ URL                                    backend                         install
 ``postgresql://user@host/db``          PostgreSQL (psycopg 3)          ``[postgres]``
 ``s3://bucket/prefix``, ``gs://``,     object storage (obstore)        ``[s3]``
 ``az://``
+``https://host/prefix``                journal service client          ``[http]``
+(``http://`` on loopback only)
 =====================================  ==============================  ==========================
 
 Further schemes (``sqlite``, ``postgresql``, ``s3``/``gs``/``az``, ``http(s)``) register here as
@@ -53,6 +55,8 @@ _SCHEMES: dict[str, tuple[str, str, str | None]] = {
     "s3": ("caravanserai.stores.objects", "ObjectDurableStore", "s3"),
     "gs": ("caravanserai.stores.objects", "ObjectDurableStore", "s3"),
     "az": ("caravanserai.stores.objects", "ObjectDurableStore", "s3"),
+    "http": ("caravanserai.stores.http", "HttpDurableStore", "http"),
+    "https": ("caravanserai.stores.http", "HttpDurableStore", "http"),
 }
 
 StoreLike = Union[Store, str, os.PathLike, None]

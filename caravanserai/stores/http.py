@@ -29,6 +29,9 @@ from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 
 from ..errors import (
     CaravanseraiError,
+    HttpInsecure,
+    HttpTokenRequired,
+    HttpUnauthorized,
     InvalidRunId,
     LeaseLost,
     MissingExtra,
@@ -47,22 +50,7 @@ LOOPBACK_NAMES = ("localhost",)
 
 
 # ---- errors (to move into caravanserai/errors.py) ----------------------------------------------
-class HttpInsecure(CaravanseraiError, ValueError):
-    """An ``http://`` journal URL for a host other than the loopback: tokens and journals would travel in clear."""
 
-    code = "durable_http_insecure"
-
-
-class HttpTokenRequired(CaravanseraiError, ValueError):
-    """The journal service needs a bearer token and none was given."""
-
-    code = "durable_http_token_required"
-
-
-class HttpUnauthorized(CaravanseraiError, PermissionError):
-    """The journal service refused the token (401/403); not retried."""
-
-    code = "durable_http_unauthorized"
 
 
 def _sleep(seconds: float) -> None:  # a seam for tests that count backoff

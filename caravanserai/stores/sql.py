@@ -324,7 +324,8 @@ class SqliteStore(SqlDurableStore):
         from urllib.parse import parse_qs, urlsplit
 
         parts = urlsplit(url)
-        path = parts.path if parts.netloc in ("", "localhost") else f"/{parts.netloc}{parts.path}"
+        # As SQLAlchemy: sqlite:///relative.db, sqlite:////absolute/path.db
+        path = parts.path[1:] if parts.netloc in ("", "localhost") else f"/{parts.netloc}{parts.path}"
         options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         return cls(path, **_options(options, {"table": str, "lease_ttl_ms": int}, url))
 
