@@ -30,30 +30,32 @@ _JOURNALED = {("chat", "completions", "create"): "chat.completions", ("completio
 
 def durable_client(client: Any, *, provider: str = "openai") -> Any:
     """Wrap ``client`` (openai.OpenAI or any object with the same ``.chat.completions.create``)."""
-    return _Proxy(client, (), provider)
+    return _Proxy(client, (), provider, type(client).__name__.startswith("Async"))
 
 
 class _Proxy:
-    def __init__(self, target: Any, path: tuple[str, ...], provider: str) -> None:
+    def __init__(self, target: Any, path: tuple[str, ...], provider: str, is_async: bool) -> None:
         self._target = target
         self._path = path
         self._provider = provider
+        self._async = is_async
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._target, name)
         path = (*self._path, name)
         endpoint = _JOURNALED.get(path)
         if endpoint is not None and callable(value):
-            return _journaled(value, endpoint, self._provider)
+            is_async = self._async or inspect.iscoroutinefunction(inspect.unwrap(value))
+            return _journaled(value, endpoint, self._provider, is_async)
         if any(key[: len(path)] == path for key in _JOURNALED):
-            return _Proxy(value, path, self._provider)
+            return _Proxy(value, path, self._provider, self._async)
         return value
 
     def __repr__(self) -> str:
         return f"durable_client({self._target!r})"
 
 
-def _journaled(create: Any, endpoint: str, provider: str) -> Any:
+def _journaled(create: Any, endpoint: str, provider: str, is_async: bool) -> Any:
     path = f"openai.{endpoint}"
 
     def begin(run: Any, kwargs: dict) -> tuple[dict | None, dict | None]:
@@ -62,7 +64,7 @@ def _journaled(create: Any, endpoint: str, provider: str) -> Any:
                           request={"endpoint": endpoint, "kwargs": kwargs}, prompt_estimate=len(prompt) // 4,
                           max_tokens=kwargs.get("max_tokens"))
 
-    if inspect.iscoroutinefunction(create):  # openai.AsyncOpenAI: the intent is durable before the await
+    if is_async:  # openai.AsyncOpenAI: the intent is durable before the await
         async def acall(**kwargs: Any) -> Any:
             run = current_run()
             if run is None or kwargs.get("stream"):

@@ -30,10 +30,14 @@ def psycopg_exec(dsn: str) -> Any:
         raise StoreUnavailable(f"cannot connect to PostgreSQL at {_redact(dsn)}: {str(exc).strip().splitlines()[0]}; "
                                "check that the server runs and the URL", url=_redact(dsn)) from None
 
+    converted: dict[str, str] = {}  # $n placeholders -> psycopg's %s, once per statement
+
     def run(query: str, params: Sequence[Any]) -> list:
-        with conn.cursor() as cur:
-            cur.execute(re.sub(r"\$\d+", "%s", query), params)
-            return cur.fetchall() if cur.description else []
+        text = converted.get(query)
+        if text is None:
+            text = converted[query] = re.sub(r"\$\d+", "%s", query)
+        cur = conn.execute(text, params)
+        return cur.fetchall() if cur.description else []
 
     run.connection = conn  # type: ignore[attr-defined]
     return run
