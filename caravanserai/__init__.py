@@ -11,8 +11,41 @@ from ._version import __version__
 from .agents import Agent, DiskDurableStore, Durable, RunResult, Tool, agent, run, tool
 from .calls import current_idempotency_key, settle
 from .durable_agent import DurableAgent
-from . import errors as _errors
-from .errors import *  # noqa: F403  (every error class, listed in errors.__all__)
+from .errors import (
+    AgentMismatch,
+    BudgetChanged,
+    BudgetExceeded,
+    CaravanseraiError,
+    CheckpointCorruptionError,
+    CheckpointFormatError,
+    ConversationMismatch,
+    DefinitionChanged,
+    DurableOptionConflict,
+    HttpInsecure,
+    HttpTokenRequired,
+    HttpUnauthorized,
+    IdentityMismatch,
+    InputMismatch,
+    InvalidRunId,
+    ItemsChanged,
+    JournalCorruptionError,
+    LeaseLost,
+    MissingExtra,
+    ModelError,
+    ModelNotConfigured,
+    ObjectConditionalPutRequired,
+    ObjectLeaseTtlInvalid,
+    ObjectNotFound,
+    ResumeError,
+    RunLocked,
+    RunNotFound,
+    SerializationError,
+    SessionMismatch,
+    StoreUnavailable,
+    ToolEffectUncertain,
+    ToolFailed,
+    UnknownStoreScheme,
+)
 from .iterate import resumable_iterate
 from .ledger import Budget, Receipt
 from .models import Model, ModelResponse, OpenAICompatibleModel, auto
@@ -22,24 +55,57 @@ from .stores import LocalDirectoryStore, LocalStore, MemoryStore, ObjectStore, S
 from .summary import input_is_replayable, run_summary
 from .waypoints import checkpoint, clean, complete, history, last_updated, load_command, load_latest, resumable
 
-__all__ = sorted([
+__all__ = [
     "Agent",
+    "AgentMismatch",
     "Budget",
+    "BudgetChanged",
+    "BudgetExceeded",
+    "CaravanseraiError",
+    "CheckpointCorruptionError",
+    "CheckpointFormatError",
+    "ConversationMismatch",
+    "DefinitionChanged",
     "DiskDurableStore",
     "Durable",
     "DurableAgent",
+    "DurableOptionConflict",
+    "HttpInsecure",
+    "HttpTokenRequired",
+    "HttpUnauthorized",
+    "IdentityMismatch",
+    "InputMismatch",
+    "InvalidRunId",
+    "ItemsChanged",
+    "JournalCorruptionError",
+    "LeaseLost",
     "LocalDirectoryStore",
     "LocalStore",
     "MemoryStore",
+    "MissingExtra",
     "Model",
+    "ModelError",
+    "ModelNotConfigured",
     "ModelResponse",
+    "ObjectConditionalPutRequired",
+    "ObjectLeaseTtlInvalid",
+    "ObjectNotFound",
     "ObjectStore",
     "OpenAICompatibleModel",
     "Receipt",
+    "ResumeError",
     "Run",
+    "RunLocked",
+    "RunNotFound",
     "RunResult",
+    "SerializationError",
+    "SessionMismatch",
     "Store",
+    "StoreUnavailable",
     "Tool",
+    "ToolEffectUncertain",
+    "ToolFailed",
+    "UnknownStoreScheme",
     "Waypoint",
     "agent",
     "auto",
@@ -64,8 +130,8 @@ __all__ = sorted([
     "settle",
     "tool",
     "unload_ipython_extension",
-    *_errors.__all__,
-]) + ["__version__"]
+    "__version__",
+]
 
 
 def load_ipython_extension(ipython):  # pragma: no cover - exercised through IPython

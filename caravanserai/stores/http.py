@@ -28,7 +28,6 @@ from typing import Any, Sequence
 from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
 
 from ..errors import (
-    CaravanseraiError,
     HttpInsecure,
     HttpTokenRequired,
     HttpUnauthorized,
