@@ -103,6 +103,25 @@ def drain_views() -> float | None:
     return time.perf_counter() - t0
 
 
+def time_checkpoints(n: int, call) -> tuple[list[int], float, int, float | None]:
+    """``call(i)`` for i in range(n), each call timed on its own (ns), after a gc.collect().
+
+    Returns (samples, loop total in s, fsyncs + fdatasyncs during the loop, views drain after it).
+    """
+    perf = time.perf_counter_ns
+    gc.collect()
+    samples: list[int] = []
+    s0 = sync_total()
+    t_all = perf()
+    for i in range(n):
+        t0 = perf()
+        call(i)
+        samples.append(perf() - t0)
+    loop_s = (perf() - t_all) / 1e9
+    syncs = sync_total() - s0
+    return samples, loop_s, syncs, drain_views()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--expect", choices=["0.2.0", "ours"], required=True)
@@ -157,17 +176,7 @@ def main() -> None:
     run_id = "bench-small"
     for i in range(10):  # warm-up: directory creation, first-write costs, lock
         checkpoint(run_id, {"step": -i}, f"warmup {i}")
-    gc.collect()
-    samples: list[int] = []
-    s0 = sync_total()
-    t_all = perf()
-    for i in range(args.n):
-        t0 = perf()
-        checkpoint(run_id, {"step": i}, f"note {i}")
-        samples.append(perf() - t0)
-    loop_s = (perf() - t_all) / 1e9
-    syncs = sync_total() - s0
-    drain = drain_views()
+    samples, loop_s, syncs, drain = time_checkpoints(args.n, lambda i: checkpoint(run_id, {"step": i}, f"note {i}"))
     result["small"] = summary_us(samples) | {
         "fsyncs_per_checkpoint": syncs / args.n,
         "loop_total_s": loop_s,
@@ -182,17 +191,8 @@ def main() -> None:
     for i in range(2):
         checkpoint(run_id, states[i], f"warmup {i}")
     drain_views()
-    gc.collect()
-    samples = []
-    s0 = sync_total()
-    t_all = perf()
-    for i in range(args.big_reps):
-        t0 = perf()
-        checkpoint(run_id, states[i + 2], f"big note {i}")
-        samples.append(perf() - t0)
-    loop_s = (perf() - t_all) / 1e9
-    syncs = sync_total() - s0
-    drain = drain_views()
+    samples, loop_s, syncs, drain = time_checkpoints(args.big_reps,
+                                                     lambda i: checkpoint(run_id, states[i + 2], f"big note {i}"))
     result["big"] = summary_us(samples) | {
         "fsyncs_per_checkpoint": syncs / args.big_reps,
         "state_bytes_compact_json": compact,
@@ -200,7 +200,7 @@ def main() -> None:
         "loop_total_s": loop_s,
         "views_drain_s": drain,
     }
-    del states
+    states.clear()  # the ~1 MB states: not needed by the iterate measurement
     gc.collect()
 
     # ---- (c) resumable_iterate per-item overhead -------------------------------------------

@@ -585,45 +585,22 @@ def serve(a: argparse.Namespace) -> None:
         def record(name: str, seconds: float) -> None:
             buckets.setdefault(name, []).append(seconds)
 
+        def timed(name: str, original):
+            """``original``, each call's time recorded under ``name``."""
+            def wrapper(*args, **kw):
+                t = time.perf_counter()
+                try:
+                    return original(*args, **kw)
+                finally:
+                    record(name, time.perf_counter() - t)
+            return wrapper
+
         backing = caravanserai.open_store(a.backing)  # serve() opens the same URL: the cached instance
-        original_append, original_fdatasync = backing.append, os.fdatasync
-
-        def append(*args, **kw):
-            t = time.perf_counter()
-            try:
-                return original_append(*args, **kw)
-            finally:
-                record("backing store.append", time.perf_counter() - t)
-
-        def fdatasync(fd):
-            t = time.perf_counter()
-            try:
-                return original_fdatasync(fd)
-            finally:
-                record("os.fdatasync (service)", time.perf_counter() - t)
-
-        backing.append = append
-        os.fdatasync = fdatasync
-        original_committed = backing.committed
-
-        def committed(*args, **kw):
-            t = time.perf_counter()
-            try:
-                return original_committed(*args, **kw)
-            finally:
-                record("backing store.committed (views hand-off)", time.perf_counter() - t)
-
-        backing.committed = committed
-        original_service_append = service.JournalService.append
-
-        def service_append(self, *args, **kw):
-            t = time.perf_counter()
-            try:
-                return original_service_append(self, *args, **kw)
-            finally:
-                record("JournalService.append (run lock + backing append + views)", time.perf_counter() - t)
-
-        service.JournalService.append = service_append
+        backing.append = timed("backing store.append", backing.append)
+        os.fdatasync = timed("os.fdatasync (service)", os.fdatasync)
+        backing.committed = timed("backing store.committed (views hand-off)", backing.committed)
+        service.JournalService.append = timed("JournalService.append (run lock + backing append + views)",
+                                              service.JournalService.append)
         import starlette.concurrency as concurrency
 
         original_run_in_threadpool = concurrency.run_in_threadpool

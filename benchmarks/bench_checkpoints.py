@@ -1,7 +1,7 @@
 """CheckpointLog on the real disk: delta storage, load by chain depth, fork cost at step k of 10,000.
 
-    python benchmarks/bench_checkpoints.py            # full: builds a 10,000-step log (~35-45 min on 2 vCPU)
-    python benchmarks/bench_checkpoints.py --quick    # a 1,000-step log (~1 min)
+    python benchmarks/bench_checkpoints.py            # full: a 10,000-step log (~5 min on a quiet 2 vCPU VM)
+    python benchmarks/bench_checkpoints.py --quick    # a 1,000-step log, every step committed (~1 min)
 
 Everything runs in this process, against ``LocalDirectoryStore`` in a fresh ``bench-ckpt-XXXX``
 next to the repo (the real disk, not tmpfs; ``--dir`` moves it), deleted afterwards (``--keep``).
@@ -16,8 +16,12 @@ next to the repo (the real disk, not tmpfs; ``--dir`` moves it), deleted afterwa
    log (same object, id already loaded). On the 50-step log and near the end of the big log.
 3. **Fork at step k of an N-step log** (N = 10,000; 1,000 with ``--quick``; prompts
    ``"prompt {i}"``, so the last checkpoint is ~20 MB, mostly fake KV). The log is built once
-   (``run_until_step(i)`` + ``commit(ckpt, parent, step=i)`` for every step) and reused by every
-   sample. ``log.fork(id_at_step_k, agent.prompt_node_ids[k], "new prompt")`` is timed with a fresh
+   (``run_until_step(i)`` + ``commit(ckpt, parent=id of step i-1, step=i)``) and reused by every
+   sample. ``--log every`` commits every step (the default up to 2,000 steps; 10,000 steps take
+   1-2.5 h here, as each commit is O(run size)); ``--log chains`` (the default above 2,000) runs
+   the same agent through every step but commits only the chains the measurements read, steps
+   0-16 and the last three chains (9,962-9,999), each segment starting at a step where the
+   every-step log holds a full checkpoint, so those objects are byte for byte the same. ``log.fork(id_at_step_k, agent.prompt_node_ids[k], "new prompt")`` is timed with a fresh
    log per sample at k = 10 and k = N-10; the fork's object and record are deleted after each
    sample (untimed), so every sample does the same real write. Separately: fork, then
    ``DurableAgent().resume_from(log.load(forked))`` for the remaining steps (that is resume, not fork).
@@ -28,7 +32,7 @@ next to the repo (the real disk, not tmpfs; ``--dir`` moves it), deleted afterwa
    under cProfile and the functions where the time goes are printed (and written next to the JSON).
 
 ``--log-dir DIR`` keeps the big log in DIR and reuses it on the next run with the same ``--steps``
-(building 10,000 steps takes most of the full run's time).
+and ``--log`` (worth it with ``--log every``).
 """
 
 from __future__ import annotations
@@ -39,40 +43,22 @@ import datetime as _dt
 import io
 import json
 import os
-import platform
 import pstats
 import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "benchmarks" / "results"
+from _common import (REPO, RESULTS, announce_workdir, install_fsync_counter, machine_notes, make_workdir, md_table,
+                     write_json)
+
 PEERS_DOC = "shared/recipes/peers/durable-peers.md"
 
-# ---- fsync accounting: wrap os.fsync/os.fdatasync before caravanserai is imported -------------
-FSYNC = {"calls": 0, "seconds": 0.0}
-
-
-def _counted(real: Callable[[int], None]) -> Callable[[int], None]:
-    def wrapper(fd: int) -> None:
-        t0 = time.perf_counter()
-        try:
-            real(fd)
-        finally:
-            FSYNC["seconds"] += time.perf_counter() - t0
-            FSYNC["calls"] += 1
-    wrapper.__name__ = real.__name__
-    return wrapper
-
-
-os.fsync = _counted(os.fsync)
-if hasattr(os, "fdatasync"):
-    os.fdatasync = _counted(os.fdatasync)
+# fsync accounting: os.fsync/os.fdatasync wrapped before caravanserai is imported
+FSYNC = install_fsync_counter()
 
 sys.path.insert(0, str(REPO))
 import caravanserai  # noqa: E402
@@ -136,29 +122,8 @@ def fmt_b(n: float) -> str:
     return f"{int(n)} B"
 
 
-def mount_of(path: Path) -> dict:
-    real = os.path.realpath(path)
-    best = {"mount": "?", "device": "?", "fstype": "?"}
-    try:
-        with open("/proc/mounts", encoding="utf-8") as mounts:
-            for line in mounts:
-                device, mount, fstype = line.split()[:3]
-                mount = mount.replace("\\040", " ")
-                inside = real == mount or real.startswith(mount.rstrip("/") + "/")
-                if inside and len(mount) >= len(best["mount"].replace("?", "")):
-                    best = {"mount": mount, "device": device, "fstype": fstype}
-    except OSError:
-        pass
-    return best
-
-
-def machine_notes() -> dict:
-    cpu = "?"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "?")
-    except OSError:
-        pass
+def git_notes() -> dict:
+    """Which caravanserai was measured: version, file, git HEAD, local changes under caravanserai/."""
     try:
         head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, timeout=10).stdout.strip()
@@ -166,11 +131,8 @@ def machine_notes() -> dict:
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         head, dirty = "?", ""
-    return {"date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "python": platform.python_version(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
-            "cpu_model": cpu, "caravanserai": getattr(caravanserai, "__version__", "?"),
-            "caravanserai_file": caravanserai.__file__, "git_head": head,
-            "package_modified_vs_head": bool(dirty)}
+    return {"caravanserai": getattr(caravanserai, "__version__", "?"), "caravanserai_file": caravanserai.__file__,
+            "git_head": head, "package_modified_vs_head": bool(dirty)}
 
 
 def tree_bytes(root: Path) -> dict:
@@ -447,7 +409,7 @@ KEY_FUNCS = [  # (file suffix, function) shown in the "where the time goes" brea
     ("ckpt_format.py", "encode"), ("ckpt_format.py", "decode"), ("ckpt_format.py", "checkpoint_id"),
     ("files.py", "write_file_atomic"), ("local.py", "get"), ("local.py", "exists"),
     ("encoder.py", "iterencode"), ("decoder.py", "raw_decode"),
-    ("~", "<built-in method _hashlib.openssl_sha256>"), ("bench_checkpoints.py", "wrapper"),
+    ("~", "<built-in method _hashlib.openssl_sha256>"), ("_common.py", "wrapper"),  # the fsync counter
 ]
 
 
@@ -535,22 +497,17 @@ def main() -> int:
     ks = (10, steps - 10)
     mode = args.log or ("every" if steps <= 2_000 else "chains")
 
-    parent = Path(args.dir).expanduser().resolve() if args.dir else REPO.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="bench-ckpt-", dir=parent))
-    mount = mount_of(work)
+    work = make_workdir("bench-ckpt-", args.dir)
     load_start = os.getloadavg()
-    notes = machine_notes()
+    notes = machine_notes() | git_notes()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     print(f"caravanserai {notes['caravanserai']} ({notes['caravanserai_file']}), git {notes['git_head']}"
           f"{' + local changes in caravanserai/' if notes['package_modified_vs_head'] else ''}")
     print(f"Python {notes['python']}, {notes['cpu_count']} CPUs ({notes['cpu_model']}), {notes['platform']}")
-    print(f"work dir {work} on {mount['device']} ({mount['fstype']}, mounted at {mount['mount']})")
+    mount = announce_workdir(work)
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (other jobs share these CPUs: "
           "compare the CPU-time columns when it is high)")
-    if mount["fstype"] in ("tmpfs", "ramfs"):
-        print("WARNING: the work dir is on tmpfs: fsync costs nothing there")
     print(f"big log: {steps:,} steps; forks at steps {ks[0]:,} and {ks[1]:,}; small run: {args.small_steps} steps\n", flush=True)
 
     result: dict[str, Any] = {"machine": notes, "mount": mount, "work_dir": str(work),
@@ -663,7 +620,7 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
     result["loadavg_start"], result["loadavg_end"] = load_start, os.getloadavg()
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in result['loadavg_end'])}")
-    out.write_text(json.dumps(result, indent=1, default=str))
+    write_json(out, result, indent=1, default=str)
     print(f"\nraw numbers: {out}")
     return 0
 
@@ -722,14 +679,9 @@ def report(r: dict, steps: int, ks: tuple[int, int], small_steps: int) -> None:
                      f"{' (earlier run)' if b['reused'] else ''}",
                      f"{b['build_s']:.1f} s", ""))
 
-    w0 = max(len(x[0]) for x in rows)
-    w1 = max(max(len(x[1]) for x in rows), 8)
-    head = "peers (durable-peers.md, quoted, not re-measured)"
-    w2 = max(max(len(x[2]) for x in rows), len(head))
-    print(f"\n| {'metric':<{w0}} | {'ours':>{w1}} | {head:<{w2}} |")
-    print(f"|{'-' * (w0 + 2)}|{'-' * (w1 + 2)}|{'-' * (w2 + 2)}|")
-    for a, bb, c in rows:
-        print(f"| {a:<{w0}} | {bb:>{w1}} | {c:<{w2}} |")
+    print()
+    print("\n".join(md_table(("metric", "ours", "peers (durable-peers.md, quoted, not re-measured)"), rows,
+                             align="lrl", min_widths=(0, 8, 0))))
     print(f"\nFresh log = a new CheckpointLog object per sample (the OS page cache stays warm); medians. Peers: {PEERS_DOC}"
           " (same VM type, their runs, not re-measured here).\n")
     for v in r["verdicts"]:

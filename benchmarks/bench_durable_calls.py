@@ -29,22 +29,18 @@ fails to install or run is reported and skipped.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
-import os
-import platform
 import shutil
 import sqlite3
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-VENV_PEERS = HERE / ".venv-peers"
+from _common import (HERE, REPO, VENV_PEERS, announce_workdir, ensure_venv, loadavg, machine_notes, make_workdir,
+                     md_table, pip_install, probe_json, run_code, run_result_worker, say, venv_python,
+                     versions_code, worker_env, write_json)
+from _common import median_of as med
+
 WORKER = HERE / "_durable_calls_worker.py"
 RESULTS = HERE / "results" / "durable_calls.json"
 PROFILES = HERE / "results"
@@ -64,21 +60,13 @@ DOC_OVER_FLOOR_US = 100.0  # durable-peers.md §2.4 target 1: per-call fsync flo
 
 
 # ---- environment ------------------------------------------------------------------------------
-def venv_python(venv: Path) -> Path:
-    return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-
-
 def peer_versions(python: Path) -> dict:
     if not python.exists():
         return {}
-    code = ("import importlib.metadata as m, json, sys\nout = {}\n"
-            f"for name in {PEER_REPORT!r}:\n"
-            "    try: out[name] = m.version(name)\n"
-            "    except m.PackageNotFoundError: out[name] = None\n"
-            "import sqlite3; out['sqlite (library)'] = sqlite3.sqlite_version\n"
+    code = ("import importlib.metadata as m, json, sys\nout = {}\n" + versions_code(PEER_REPORT)
+            + "import sqlite3; out['sqlite (library)'] = sqlite3.sqlite_version\n"
             "out['python'] = sys.version.split()[0]\nprint(json.dumps(out))")
-    probe = subprocess.run([str(python), "-I", "-c", code], cwd=tempfile.gettempdir(), capture_output=True, text=True)
-    return json.loads(probe.stdout) if probe.returncode == 0 else {}
+    return probe_json(python, code)
 
 
 def ensure_peers(skip: bool) -> tuple[Path | None, dict, dict]:
@@ -90,13 +78,9 @@ def ensure_peers(skip: bool) -> tuple[Path | None, dict, dict]:
     if any(versions.get(name) != pin for name, pin in PEER_PINS.items()):
         print(f"setting up {VENV_PEERS.relative_to(REPO)} with "
               + " ".join(f"{k}=={v}" for k, v in PEER_PINS.items()) + " ...", flush=True)
-        base = getattr(sys, "_base_executable", None) or sys.executable
         try:
-            if not python.exists():
-                subprocess.run([base, "-m", "venv", str(VENV_PEERS)], check=True, capture_output=True, text=True)
-            subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                            *(f"{k}=={v}" for k, v in PEER_PINS.items())],
-                           check=True, cwd=tempfile.gettempdir(), capture_output=True, text=True, timeout=900)
+            ensure_venv(VENV_PEERS, capture=True)
+            pip_install(python, [f"{k}=={v}" for k, v in PEER_PINS.items()], capture=True, timeout=900)
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
             tail = (getattr(exc, "stderr", None) or getattr(exc, "stdout", None) or str(exc))
             tail = tail.decode() if isinstance(tail, bytes) else str(tail)
@@ -109,44 +93,10 @@ def ensure_peers(skip: bool) -> tuple[Path | None, dict, dict]:
         if not python.exists():
             broken[peer] = f"{VENV_PEERS} could not be created"
             continue
-        probe = subprocess.run([str(python), "-I", "-c", PEER_IMPORT[peer]], cwd=tempfile.gettempdir(),
-                               capture_output=True, text=True)
+        probe = run_code(python, PEER_IMPORT[peer])
         if probe.returncode != 0:
             broken[peer] = "import failed: " + (probe.stderr.strip().splitlines() or ["?"])[-1]
     return (python if python.exists() else None), versions, broken
-
-
-def mount_of(path: Path) -> dict:
-    """The mount point, device and file system type holding ``path`` (Linux /proc/mounts)."""
-    real = os.path.realpath(path)
-    best = {"mount": "?", "device": "?", "fstype": "?"}
-    try:
-        with open("/proc/mounts", encoding="utf-8") as mounts:
-            for line in mounts:
-                device, mount, fstype = line.split()[:3]
-                mount = mount.replace("\\040", " ")
-                inside = real == mount or real.startswith(mount.rstrip("/") + "/")
-                if inside and len(mount) >= len(best["mount"].replace("?", "")):
-                    best = {"mount": mount, "device": device, "fstype": fstype}
-    except OSError:
-        pass
-    return best
-
-
-def machine_notes() -> dict:
-    cpu = "?"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "?")
-    except OSError:
-        pass
-    try:
-        load = os.getloadavg()
-    except OSError:
-        load = None
-    return {"date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "python": platform.python_version(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
-            "cpu_model": cpu, "sqlite_library": sqlite3.sqlite_version, "loadavg_start": load}
 
 
 # ---- running the workers ----------------------------------------------------------------------
@@ -158,8 +108,7 @@ class Runner:
 
     def __call__(self, impl: str, scenario: str, workdir: Path, *extra: str, expect_rc: int = 0) -> dict:
         workdir.mkdir(parents=True, exist_ok=True)
-        env = {k: v for k, v in os.environ.items() if k not in ("CARAVANSERAI_STORE", "PYTHONPATH", "PYTHONHOME",
-                                                                "PYTHONSTARTUP", "DBOS__APPVERSION")}
+        env = worker_env("DBOS__APPVERSION")
         python = self.pythons[impl]
         args = ["--impl", impl, "--scenario", scenario, "--dir", str(workdir), *extra]
         if impl in ("ours", "floor"):
@@ -168,24 +117,11 @@ class Runner:
         else:
             # -I: no PYTHONPATH, no user site, no script dir on sys.path; the peers' venv only.
             cmd = [str(python), "-I", str(WORKER), *args]
-        t0 = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd, cwd=str(workdir), env=env, capture_output=True, text=True, timeout=self.timeout)
-        except subprocess.TimeoutExpired:
-            return {"error": f"{impl} {scenario}: timed out after {self.timeout:.0f} s"}
-        wall = time.perf_counter() - t0
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-        if proc.returncode != expect_rc or not lines:
-            tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-4:])
-            return {"error": f"{impl} {scenario}: exit status {proc.returncode} (expected {expect_rc}): {tail[-600:]}"}
-        result = json.loads(lines[-1][len("RESULT "):])
-        result["process_wall_s"] = wall
-        result["returncode"] = proc.returncode
+        result = run_result_worker(cmd, cwd=workdir, env=env, timeout=self.timeout, label=f"{impl} {scenario}",
+                                   expect_rc=expect_rc)
+        if "error" not in result:
+            result["returncode"] = expect_rc  # the worker exited with it
         return result
-
-
-def say(text: str) -> None:
-    print(text, flush=True)
 
 
 # ---- formatting -------------------------------------------------------------------------------
@@ -203,11 +139,6 @@ def fmt_n(value: float | None, digits: int = 0) -> str:
     if value is None:
         return "n/a"
     return f"{value:,.{digits}f}"
-
-
-def med(values: list) -> float | None:
-    present = [v for v in values if isinstance(v, (int, float))]
-    return statistics.median(present) if present else None
 
 
 def ok(result: dict | None) -> bool:
@@ -378,12 +309,7 @@ def build_table(impls: list[str], s: dict, args: argparse.Namespace) -> list[str
     row("   model/step calls executed per re-run", "rerun_executed_per_rerun", kind="count2", ratio=False)
     row("import time of the worker (s)", "import_s")
     header = ("metric", *(LABEL[i] for i in impls), *(f"{LABEL[p].split()[0]}/ours" for p in peers))
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["| " + " | ".join(str(header[i]).ljust(widths[i]) for i in range(len(header))) + " |",
-             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-    for r in rows:
-        lines.append("| " + r[0].ljust(widths[0]) + " | " + " | ".join(str(r[i]).rjust(widths[i]) for i in range(1, len(r))) + " |")
-    return lines
+    return md_table(header, rows, header_align="l" * len(header))
 
 
 def verdicts(s: dict, args: argparse.Namespace) -> list[dict]:
@@ -475,15 +401,11 @@ def main() -> int:
         if peer in wanted:
             say(f"{LABEL[peer]}: NOT RUN: {why}")
 
-    parent = Path(args.dir).expanduser().resolve() if args.dir else REPO.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    workroot = Path(tempfile.mkdtemp(prefix="bench3-", dir=parent))
-    mount = mount_of(workroot)
-    notes = machine_notes() | {"workdir": str(workroot), "mount": mount, "args": vars(args), "impls": impls,
+    workroot = make_workdir("bench3-", args.dir)
+    mount = announce_workdir(workroot, out=say, tmpfs_note=", these are CPU-only numbers")
+    notes = machine_notes() | {"sqlite_library": sqlite3.sqlite_version, "loadavg_start": loadavg(),
+                               "workdir": str(workroot), "mount": mount, "args": vars(args), "impls": impls,
                                "not_run": broken, "peer_versions": versions}
-    say(f"work dir {workroot} on {mount['device']} ({mount['fstype']}, mounted at {mount['mount']})")
-    if mount["fstype"] in ("tmpfs", "ramfs"):
-        say("WARNING: the work dir is on tmpfs: fsync costs nothing there, these are CPU-only numbers")
     say(f"ours:  {sys.executable} (PYTHONPATH={REPO})")
     if peers_python:
         say(f"peers: {peers_python} (-I): " + ", ".join(f"{k} {v}" for k, v in versions.items() if v))
@@ -509,10 +431,9 @@ def main() -> int:
         if not args.keep:
             shutil.rmtree(workroot, ignore_errors=True)
     notes["elapsed_s"] = time.perf_counter() - started
-    try:
-        notes["loadavg_end"] = os.getloadavg()
-    except OSError:
-        pass
+    load_end = loadavg()
+    if load_end is not None:
+        notes["loadavg_end"] = load_end
 
     s = summarize(impls, raw)
     table = build_table(impls, s, args)
@@ -536,10 +457,8 @@ def main() -> int:
         if peer in wanted:
             say(f"NOT RUN  {LABEL[peer]}: {why}")
 
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"notes": notes, "summary": s, "targets": checks, "table": table, "raw": raw},
-                              indent=2, default=str) + "\n")
+    out = write_json(args.out, {"notes": notes, "summary": s, "targets": checks, "table": table, "raw": raw},
+                     indent=2, default=str, newline=True)
     say(f"\nraw numbers: {out}")
     return 0
 

@@ -20,20 +20,16 @@ for the issue's targets (a report, exit status 0 either way) and writes the raw 
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
-import os
-import platform
 import shutil
-import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
+from _common import (HERE, REPO, announce_workdir, ensure_venv, machine_notes, make_workdir, md_table, median_of,
+                     pip_install, run_code, venv_python, worker_env, write_json)
+
 VENV_020 = HERE / ".venv-cvs020"
 WORKER = HERE / "_bench_worker.py"
 RESULTS = HERE / "results" / "foundation.json"
@@ -43,17 +39,10 @@ TARGET_GROUP_COMMIT_RATIO = 100.0  # iterate every=100 per-item overhead vs 0.2.
 
 
 # ---- environment ------------------------------------------------------------------------------
-def venv_python(venv: Path) -> Path:
-    return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-
-
 def installed_020_version(python: Path) -> str | None:
     if not python.exists():
         return None
-    probe = subprocess.run(
-        [str(python), "-I", "-c", "import importlib.metadata as m; print(m.version('caravanserai'))"],
-        cwd=tempfile.gettempdir(), capture_output=True, text=True,
-    )
+    probe = run_code(python, "import importlib.metadata as m; print(m.version('caravanserai'))")
     return probe.stdout.strip() if probe.returncode == 0 else None
 
 
@@ -62,67 +51,19 @@ def ensure_020_venv() -> Path:
     if installed_020_version(python) == "0.2.0":
         return python
     print(f"creating {VENV_020} with caravanserai==0.2.0 ...", flush=True)
-    base = getattr(sys, "_base_executable", None) or sys.executable
-    if not python.exists():
-        subprocess.run([base, "-m", "venv", str(VENV_020)], check=True)
-    subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "caravanserai==0.2.0"],
-        check=True, cwd=tempfile.gettempdir(),
-    )
+    ensure_venv(VENV_020)
+    pip_install(python, ["caravanserai==0.2.0"])
     version = installed_020_version(python)
     if version != "0.2.0":
         sys.exit(f"{VENV_020}: expected caravanserai 0.2.0, found {version!r}")
     return python
 
 
-def mount_of(path: Path) -> dict:
-    """The mount point, device and file system type holding ``path`` (Linux /proc/mounts)."""
-    real = os.path.realpath(path)
-    best = {"mount": "?", "device": "?", "fstype": "?", "options": ""}
-    try:
-        with open("/proc/mounts", encoding="utf-8") as mounts:
-            for line in mounts:
-                device, mount, fstype, options = line.split()[:4]
-                mount = mount.replace("\\040", " ")
-                inside = real == mount or real.startswith(mount.rstrip("/") + "/")
-                if inside and len(mount) >= len(best["mount"].replace("?", "")):
-                    best = {"mount": mount, "device": device, "fstype": fstype, "options": options}
-    except OSError:
-        pass
-    return best
-
-
-def pick_workdir(explicit: str | None) -> tuple[Path, bool]:
-    """(directory to use, whether we created it and must remove it)."""
-    if explicit:
-        base = Path(explicit).expanduser().resolve()
-        base.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix="bench-tmp-", dir=base)), True
-    # Next to the repo, on the real disk (/tmp may be tmpfs, which has no fsync cost at all).
-    return Path(tempfile.mkdtemp(prefix="bench-tmp-", dir=REPO.parent)), True
-
-
-def machine_notes() -> dict:
-    cpu = "?"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "?")
-    except OSError:
-        pass
-    return {
-        "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "host_python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "cpu_model": cpu,
-    }
-
-
 # ---- running the workers ----------------------------------------------------------------------
 def run_worker(impl: str, python: Path, workdir: Path, args: argparse.Namespace, scratch: Path) -> dict:
     cmd_args = ["--expect", impl, "--workdir", str(workdir), "--n", str(args.n), "--big-reps", str(args.big_reps),
                 "--items", str(args.items), "--repo", str(REPO)]
-    env = {k: v for k, v in os.environ.items() if k not in ("CARAVANSERAI_STORE", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
+    env = worker_env()
     if impl == "0.2.0":
         # A copy of the worker outside the repo, -I (no PYTHONPATH, no user site, no script dir on
         # sys.path), cwd outside the repo: only the venv's caravanserai 0.2.0 can be imported.
@@ -180,11 +121,6 @@ def dig(result: dict, path: tuple) -> float | None:
     return value if isinstance(value, (int, float)) else None
 
 
-def median_of(values: list) -> float | None:
-    present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
-
-
 def fmt(value: float | None, unit: str) -> str:
     if value is None:
         return "n/a"
@@ -220,14 +156,7 @@ def build_table(rounds: list[dict], args: argparse.Namespace) -> tuple[list[tupl
 
 
 def print_table(rows: list[tuple[str, str, str, str]]) -> list[str]:
-    header = ("metric", "0.2.0", "ours", "ratio (0.2.0/ours)")
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
-    lines = [
-        "| " + " | ".join(header[i].ljust(widths[i]) for i in range(4)) + " |",
-        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
-    ]
-    for row in rows:
-        lines.append("| " + row[0].ljust(widths[0]) + " | " + " | ".join(row[i].rjust(widths[i]) for i in range(1, 4)) + " |")
+    lines = md_table(("metric", "0.2.0", "ours", "ratio (0.2.0/ours)"), rows, header_align="llll")
     print("\n".join(lines))
     return lines
 
@@ -271,12 +200,10 @@ def main() -> int:
 
     py020 = ensure_020_venv()
     ours_python = Path(sys.executable)
-    workroot, created = pick_workdir(args.dir)
-    mount = mount_of(workroot)
-    notes = machine_notes() | {"workdir": str(workroot), "mount": mount, "quick": args.quick, "rounds": args.rounds}
-    print(f"work dir {workroot} on {mount['device']} ({mount['fstype']}, mounted at {mount['mount']})")
-    if mount["fstype"] in ("tmpfs", "ramfs"):
-        print("WARNING: the work dir is on tmpfs: fsync costs nothing there, these are CPU-only numbers")
+    workroot = make_workdir("bench-tmp-", args.dir)
+    mount = announce_workdir(workroot, tmpfs_note=", these are CPU-only numbers", with_options=True)
+    notes = machine_notes("host_python") | {"workdir": str(workroot), "mount": mount, "quick": args.quick,
+                                            "rounds": args.rounds}
     print(f"0.2.0: {py020}\nours:  {ours_python} (PYTHONPATH={REPO})")
     print(f"N={args.n} checkpoints, {args.big_reps} x ~1 MB, {args.items} iterate items, {args.rounds} interleaved rounds\n")
 
@@ -294,7 +221,7 @@ def main() -> int:
                     shutil.rmtree(scratch, ignore_errors=True)
             rounds.append(current)
     finally:
-        if created and not args.keep:
+        if not args.keep:
             shutil.rmtree(workroot, ignore_errors=True)
 
     rows, medians = build_table(rounds, args)
@@ -310,9 +237,8 @@ def main() -> int:
     for verdict in verdicts:
         print(f"{'PASS' if verdict['pass'] else 'MISS'}  {verdict['target']}\n      {verdict['measured']}")
 
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"notes": notes, "medians": medians, "targets": verdicts, "table": table, "rounds": rounds}, indent=2) + "\n")
+    out = write_json(args.out, {"notes": notes, "medians": medians, "targets": verdicts, "table": table, "rounds": rounds},
+                     indent=2, newline=True)
     print(f"\nraw numbers: {out}")
     return 0
 

@@ -62,34 +62,17 @@ import pstats
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-REPO = Path(__file__).resolve().parent.parent
-RESULTS = REPO / "benchmarks" / "results"
+from _common import REPO, RESULTS, announce_workdir, install_fsync_counter, loadavg, make_workdir, md_table, write_json
+from _common import median_of as med
+
 TARGET_S = 1e-3  # small case: %%resumable's own overhead per waypoint on top of the store's append
 
-# ---- fsync accounting: wrap os.fsync/os.fdatasync before caravanserai is imported -------------
-FSYNC = {"calls": 0, "seconds": 0.0}
-
-
-def _counted(real: Callable[[int], None]) -> Callable[[int], None]:
-    def wrapper(fd: int) -> None:
-        t0 = time.perf_counter()
-        try:
-            real(fd)
-        finally:
-            FSYNC["seconds"] += time.perf_counter() - t0
-            FSYNC["calls"] += 1
-    wrapper.__name__ = real.__name__
-    return wrapper
-
-
-os.fsync = _counted(os.fsync)
-if hasattr(os, "fdatasync"):
-    os.fdatasync = _counted(os.fdatasync)
+# fsync accounting: os.fsync/os.fdatasync wrapped before caravanserai is imported
+FSYNC = install_fsync_counter()
 
 sys.path.insert(0, str(REPO))
 import caravanserai  # noqa: E402
@@ -145,33 +128,6 @@ def fmt_b(n: float | None) -> str:
         if abs(n) >= size:
             return f"{n / size:.2f} {unit}"
     return f"{n:.0f} B"
-
-
-def med(values: list[float | None]) -> float | None:
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
-
-
-def mount_of(path: Path) -> dict:
-    best = {"mount": "?", "device": "?", "fstype": "?"}
-    real = os.path.realpath(path)
-    try:
-        with open("/proc/mounts", encoding="utf-8") as mounts:
-            for line in mounts:
-                device, mount, fstype = line.split()[:3]
-                mount = mount.replace("\\040", " ")
-                if (real == mount or real.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best["mount"]):
-                    best = {"mount": mount, "device": device, "fstype": fstype}
-    except OSError:
-        pass
-    return best
-
-
-def loadavg() -> list[float] | None:
-    try:
-        return [float(x) for x in os.getloadavg()]
-    except OSError:
-        return None
 
 
 def versions() -> dict:
@@ -508,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--large-repeats", type=int, help="large case repeats (default 3; 2 with --quick)")
     ap.add_argument("--no-large", action="store_true", help="skip the large case")
     ap.add_argument("--profile", action="store_true", help="profile the small case even if it passes")
-    ap.add_argument("--dir", type=Path, default=REPO.parent, help="where the work dir goes (default: next to the repo)")
+    ap.add_argument("--dir", type=Path, help="where the work dir goes (default: next to the repo)")
     ap.add_argument("--keep", action="store_true", help="keep the work dir")
     ap.add_argument("--out", type=Path, default=RESULTS / "notebook.json")
     args = ap.parse_args(argv)
@@ -520,12 +476,9 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
-    base = Path(tempfile.mkdtemp(prefix="bench-nb-", dir=args.dir))
-    mount = mount_of(base)
+    base = make_workdir("bench-nb-", args.dir)
     started = time.perf_counter()
-    log(f"work dir {base} on {mount['device']} ({mount['fstype']}, mounted at {mount['mount']})")
-    if mount["fstype"] in ("tmpfs", "ramfs"):
-        log("WARNING: the work dir is on tmpfs: fsync costs nothing there, use --dir on a real disk")
+    mount = announce_workdir(base, out=log, tmpfs_note=", use --dir on a real disk")
     ver = versions()
     log(f"caravanserai {ver['caravanserai']} from {ver['caravanserai_file']}; IPython {ver['ipython']}, "
         f"pandas {ver['pandas']}, CPython {ver['python']}")
@@ -592,8 +545,7 @@ def main(argv: list[str] | None = None) -> int:
             log(f"kept {base}")
         else:
             shutil.rmtree(base, ignore_errors=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=1, default=str), encoding="utf-8")
+    write_json(args.out, out, indent=1, default=str)
     print(f"\nraw numbers: {args.out}")
     return 0
 
@@ -634,9 +586,6 @@ def report(out: dict) -> None:
     if large:
         rows.append(("%%resumable --every 100, per waypoint", ["", fmt_t(large["cell_every"]["per_wp_s"])]))
         rows.append(("  --every 100 minus plain", ["", fmt_t(large["cell_every"]["minus_plain_s"])]))
-    width = max(len(r[0]) for r in rows)
-    widths = [max(len(cols[i]), *(len(r[1][i]) for r in rows if i < len(r[1]))) for i in range(len(cols))]
-    line = f"| {'metric':<{width}} | " + " | ".join(f"{c:>{w}}" for c, w in zip(cols, widths)) + " |"
     print()
     print(f"caravanserai {out['versions']['caravanserai']}, IPython {out['versions']['ipython']}, pandas "
           f"{out['versions']['pandas']}, {out['machine']['cpus']} CPUs, {out['machine']['mount']['fstype']} on "
@@ -644,11 +593,7 @@ def report(out: dict) -> None:
           f"{fmt_t(out['fsync_floor_after_s'])} after; load average {fmt_load(out.get('loadavg_before'))} before, "
           f"{fmt_load(out.get('loadavg_after'))} after; medians over repeats")
     print()
-    print(line)
-    print("|" + "-" * (width + 2) + "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    for label, values in rows:
-        values = values + [""] * (len(cols) - len(values))
-        print(f"| {label:<{width}} | " + " | ".join(f"{v:>{w}}" for v, w in zip(values, widths)) + " |")
+    print("\n".join(md_table(["metric", *cols], [[label, *values] for label, values in rows])))
     print(f"\nsaved names per waypoint (small): {', '.join(small['cell'].get('saved_names') or [])}")
     if large:
         fr = out["frame"]

@@ -33,16 +33,12 @@ included: ``benchmarks/results/stores.json``.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import importlib.util
+import importlib
 import json
-import math
 import os
-import platform
 import secrets
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -51,12 +47,15 @@ import time
 import urllib.request
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
+from _common import (HERE, REPO, VENV_PEERS, announce_workdir, ensure_venv, loadavg, machine_notes, make_workdir,
+                     md_table, nearest_rank, pip_install, probe_json, reexec_in_repo_venv, run_code,
+                     run_result_worker, say, venv_python, versions_code, worker_env, write_json)
+
+sys.path.insert(0, str(REPO / "tests"))  # the tests' own server helpers: tests/servers
+from servers._proc import free_port, stop_process_group  # noqa: E402
+
 WORKER = HERE / "_stores_worker.py"
 RESULTS = HERE / "results" / "stores.json"
-VENV_OURS = REPO / ".venv"
-VENV_PEERS = HERE / ".venv-peers"
 TARGET = 1.5
 BACKENDS = ("local", "sqlite", "postgres", "s3", "http")
 PEERS = ("langgraph", "dbos")
@@ -66,93 +65,30 @@ PEER_EXTRA = ["langgraph-checkpoint-postgres", "psycopg[binary]", "psycopg-pool"
 PEER_PROBE = "import langgraph.checkpoint.postgres, psycopg, psycopg_pool, dbos"
 
 
-def venv_python(venv: Path) -> Path:
-    return venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
-
-
-def reexec_in_repo_venv() -> None:
-    """Run under the repo's .venv (psycopg, obstore, moto live there), whatever ``python`` was."""
-    target = venv_python(VENV_OURS)
-    if target.exists() and Path(sys.prefix).resolve() != VENV_OURS.resolve() and not os.environ.get("_BENCH_STORES_REEXEC"):
-        os.environ["_BENCH_STORES_REEXEC"] = "1"
-        os.execv(str(target), [str(target), str(Path(__file__).resolve()), *sys.argv[1:]])
-
-
-def say(text: str = "") -> None:
-    print(text, flush=True)
-
-
 def load_helper(name: str):
-    """``tests/servers/<name>.py`` loaded by path (the tests' own server helpers)."""
-    path = REPO / "tests" / "servers" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"_bench_servers_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
-
-
-def mount_of(path: Path) -> dict:
-    real = os.path.realpath(path)
-    best = {"mount": "", "device": "?", "fstype": "?"}
-    try:
-        with open("/proc/mounts", encoding="utf-8") as mounts:
-            for line in mounts:
-                device, mount, fstype = line.split()[:3]
-                mount = mount.replace("\\040", " ")
-                if (real == mount or real.startswith(mount.rstrip("/") + "/")) and len(mount) >= len(best["mount"]):
-                    best = {"mount": mount, "device": device, "fstype": fstype}
-    except OSError:
-        pass
-    return best
-
-
-def machine_notes() -> dict:
-    cpu = "?"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), "?")
-    except OSError:
-        pass
-    return {"date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "python": platform.python_version(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
-            "cpu_model": cpu, "loadavg_start": os.getloadavg()}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """``tests/servers/<name>.py``, the tests' own server helpers."""
+    return importlib.import_module(f"servers.{name}")
 
 
 # ---- peers' venv --------------------------------------------------------------------------------
 def ensure_peers() -> tuple[Path | None, str | None]:
     """(peers' python, why not) after adding the Postgres packages to .venv-peers if missing."""
     python = venv_python(VENV_PEERS)
-
-    def probe() -> subprocess.CompletedProcess:
-        return subprocess.run([str(python), "-I", "-c", PEER_PROBE], cwd=tempfile.gettempdir(), capture_output=True,
-                              text=True)
-
     try:
-        if python.exists() and probe().returncode == 0:
+        if python.exists() and run_code(python, PEER_PROBE).returncode == 0:
             return python, None
-        if not python.exists():
-            base = getattr(sys, "_base_executable", None) or sys.executable
-            subprocess.run([base, "-m", "venv", str(VENV_PEERS)], check=True, capture_output=True, text=True)
-        have = subprocess.run([str(python), "-I", "-c", "import importlib.metadata as m\n"
-                               "for p in ('langgraph', 'langgraph-checkpoint', 'dbos'):\n"
-                               "    try: print(p, m.version(p))\n    except m.PackageNotFoundError: pass"],
-                              capture_output=True, text=True, cwd=tempfile.gettempdir()).stdout.split()
+        ensure_venv(VENV_PEERS, capture=True)
+        have = run_code(python, "import importlib.metadata as m\n"
+                        "for p in ('langgraph', 'langgraph-checkpoint', 'dbos'):\n"
+                        "    try: print(p, m.version(p))\n    except m.PackageNotFoundError: pass").stdout.split()
         installed = dict(zip(have[::2], have[1::2]))
         pins = [f"{k}=={installed.get(k, v)}" for k, v in PEER_BASE.items()]  # keep what is there
         say(f"adding to {VENV_PEERS.relative_to(REPO)}: {' '.join(PEER_EXTRA)} (keeping {' '.join(pins)}) ...")
-        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *pins, *PEER_EXTRA],
-                       check=True, capture_output=True, text=True, cwd=tempfile.gettempdir(), timeout=900)
+        pip_install(python, [*pins, *PEER_EXTRA], capture=True, timeout=900)
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
         tail = str(getattr(exc, "stderr", None) or exc).strip().splitlines()
         return None, "install failed: " + (tail[-1] if tail else "?")
-    check = probe()
+    check = run_code(python, PEER_PROBE)
     if check.returncode != 0:
         return None, "import failed: " + (check.stderr.strip().splitlines() or ["?"])[-1]
     return python, None
@@ -160,21 +96,17 @@ def ensure_peers() -> tuple[Path | None, str | None]:
 
 def peer_versions(python: Path) -> dict:
     code = ("import importlib.metadata as m, json\nout = {}\n"
-            "for p in ('langgraph', 'langgraph-checkpoint', 'langgraph-checkpoint-postgres', 'dbos', 'SQLAlchemy', "
-            "'psycopg', 'psycopg-binary', 'psycopg-pool'):\n"
-            "    try: out[p] = m.version(p)\n    except m.PackageNotFoundError: out[p] = None\nprint(json.dumps(out))")
-    probe = subprocess.run([str(python), "-I", "-c", code], capture_output=True, text=True, cwd=tempfile.gettempdir())
-    return json.loads(probe.stdout) if probe.returncode == 0 else {}
+            + versions_code(("langgraph", "langgraph-checkpoint", "langgraph-checkpoint-postgres", "dbos", "SQLAlchemy",
+                             "psycopg", "psycopg-binary", "psycopg-pool"))
+            + "print(json.dumps(out))")
+    return probe_json(python, code)
 
 
 def ours_versions() -> dict:
     code = ("import importlib.metadata as m, json, sqlite3\nout = {'sqlite (library)': sqlite3.sqlite_version}\n"
-            "for p in ('psycopg', 'psycopg-binary', 'obstore', 'moto', 'httpx', 'starlette', 'uvicorn'):\n"
-            "    try: out[p] = m.version(p)\n    except m.PackageNotFoundError: out[p] = None\n"
-            "import caravanserai; out['caravanserai'] = caravanserai.__version__\nprint(json.dumps(out))")
-    probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=tempfile.gettempdir())
-    return json.loads(probe.stdout) if probe.returncode == 0 else {}
+            + versions_code(("psycopg", "psycopg-binary", "obstore", "moto", "httpx", "starlette", "uvicorn"))
+            + "import caravanserai; out['caravanserai'] = caravanserai.__version__\nprint(json.dumps(out))")
+    return probe_json(sys.executable, code, isolated=False, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 # ---- servers ------------------------------------------------------------------------------------
@@ -211,8 +143,8 @@ class Servers:
     def start_http(self, backing: str) -> tuple[str | None, str]:
         """(url with token, note); url None when the service is missing or did not start."""
         env = {**os.environ, "PYTHONPATH": str(REPO)}
-        probe = subprocess.run([sys.executable, "-c", "import caravanserai.service as s; print(callable(getattr(s, 'serve', None)))"],
-                               capture_output=True, text=True, env=env, cwd=tempfile.gettempdir())
+        probe = run_code(sys.executable, "import caravanserai.service as s; print(callable(getattr(s, 'serve', None)))",
+                         isolated=False, env=env)
         if probe.stdout.strip() != "True":
             return None, "not available yet"
         port, token = free_port(), secrets.token_hex(16)
@@ -239,14 +171,7 @@ class Servers:
     def stop_http(self) -> None:
         if self.http_proc is None:
             return
-        try:
-            os.killpg(self.http_proc.pid, signal.SIGTERM)
-            self.http_proc.wait(10)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
-            os.killpg(self.http_proc.pid, signal.SIGKILL)
-            self.http_proc.wait()
+        stop_process_group(self.http_proc, grace=10)
         self.http_proc = None
         try:
             self.notes["http_service_timings"] = json.loads(self.http_stats.read_text())
@@ -280,25 +205,14 @@ class Runner:
         self.timeout = timeout
 
     def __call__(self, mode: str, *args: str, peer: bool = False) -> dict:
-        env = {k: v for k, v in os.environ.items() if k not in ("CARAVANSERAI_STORE", "PYTHONPATH", "PYTHONHOME",
-                                                                "PYTHONSTARTUP", "DBOS__APPVERSION")}
+        env = worker_env("DBOS__APPVERSION")
         if peer:
             cmd = [str(self.peers_python), "-I", str(WORKER), mode, *args]
         else:
             env["PYTHONPATH"] = str(REPO)
             cmd = [sys.executable, str(WORKER), mode, *args, "--repo", str(REPO)]
-        t = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd, cwd=str(self.workdir), env=env, capture_output=True, text=True, timeout=self.timeout)
-        except subprocess.TimeoutExpired:
-            return {"error": f"{mode}: timed out after {self.timeout:.0f} s"}
-        lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-        if proc.returncode != 0 or not lines:
-            tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-4:])
-            return {"error": f"{mode}: exit status {proc.returncode}: {tail[-700:]}"}
-        result = json.loads(lines[-1][len("RESULT "):])
-        result["process_wall_s"] = time.perf_counter() - t
-        return result
+        return run_result_worker(cmd, cwd=self.workdir, env=env, timeout=self.timeout, label=mode,
+                                 show_expected=False, tail_chars=700)
 
 
 # ---- statistics & formatting --------------------------------------------------------------------
@@ -310,8 +224,7 @@ def summary(samples: list[float]) -> dict | None:
     if not samples:
         return None
     s = sorted(samples)
-    rank = lambda q: s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]  # noqa: E731
-    return {"n": len(s), "median_us": statistics.median(s), "p90_us": rank(0.90), "p99_us": rank(0.99),
+    return {"n": len(s), "median_us": statistics.median(s), "p90_us": nearest_rank(s, 0.90), "p99_us": nearest_rank(s, 0.99),
             "mean_us": statistics.fmean(s), "min_us": s[0], "max_us": s[-1]}
 
 
@@ -327,13 +240,8 @@ def fmt_us(value: float | None) -> str:
     return f"{value:.0f} us"
 
 
-def table(header: list[str], rows: list[list[str]], right_from: int = 1) -> str:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    def line(r: list[str]) -> str:
-        return "| " + " | ".join(str(c).ljust(w) if i < right_from else str(c).rjust(w)
-                                 for i, (c, w) in enumerate(zip(r, widths))) + " |"
-    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([line(header), sep, *(line(r) for r in rows)])
+def table(header: list[str], rows: list[list[str]]) -> str:
+    return "\n".join(md_table(header, rows))
 
 
 # ---- main ---------------------------------------------------------------------------------------
@@ -363,14 +271,11 @@ def main() -> int:
     if args.no_peers:
         wanted = [w for w in wanted if w not in PEERS]
 
-    parent = Path(args.dir).expanduser().resolve() if args.dir else REPO.parent
-    workdir = Path(tempfile.mkdtemp(prefix="bench-stores-", dir=parent))
+    workdir = make_workdir("bench-stores-", args.dir)
     os.chmod(workdir, 0o755)  # the postgres user must reach its data dir inside
-    mount = mount_of(workdir)
-    notes = {**machine_notes(), "workdir": str(workdir), "mount": mount, "args": vars(args), "interpreter": sys.executable}
-    say(f"work dir {workdir} on {mount['device']} ({mount['fstype']}, mounted at {mount['mount']})")
-    if mount["fstype"] in ("tmpfs", "ramfs"):
-        say("WARNING: the work dir is on tmpfs: fsync costs nothing there")
+    mount = announce_workdir(workdir, out=say)
+    notes = {**machine_notes(), "loadavg_start": loadavg(), "workdir": str(workdir), "mount": mount, "args": vars(args),
+             "interpreter": sys.executable}
     notes["versions_ours"] = ours_versions()
     say(f"ours: {sys.executable} (PYTHONPATH={REPO}); " + ", ".join(f"{k} {v}" for k, v in notes["versions_ours"].items() if v))
 
@@ -649,15 +554,13 @@ def main() -> int:
                     f"{e['calls_per_ckpt']:5.2f} calls  {e['function']}")
         notes["servers"] = servers.notes
         notes["unavailable"] = unavailable
-        notes["loadavg_end"] = os.getloadavg()
+        notes["loadavg_end"] = loadavg()
         notes["wall_s"] = time.perf_counter() - started
         for r in raw.get("floor_pg", [])[:1]:
             notes["postgres_settings"] = r.get("settings")
             say(f"\npostgres: " + ", ".join(f"{k}={v}" for k, v in (r.get("settings") or {}).items()))
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"notes": notes, "target_ratio": TARGET, "summary": summary_out, "verdicts": verdicts,
-                                   "profiles": profiles, "raw": raw}, indent=1))
+        out = write_json(args.out, {"notes": notes, "target_ratio": TARGET, "summary": summary_out, "verdicts": verdicts,
+                                    "profiles": profiles, "raw": raw}, indent=1)
         say(f"raw numbers (every sample): {out}")
         say(f"wall time {notes['wall_s']:.0f} s; load average {notes['loadavg_start'][0]:.2f} at start, "
             f"{notes['loadavg_end'][0]:.2f} at end")
@@ -673,5 +576,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    reexec_in_repo_venv()
+    # Under the repo's .venv (psycopg, obstore, moto live there), whatever ``python`` was.
+    reexec_in_repo_venv(__file__, "_BENCH_STORES_REEXEC")
     sys.exit(main())

@@ -123,12 +123,19 @@ def _graph(steps: int) -> list[dict]:
 
 
 def _downstream(graph: list[dict], node_id: str) -> set[str]:
-    """Every node that depends, directly or not, on ``node_id``."""
+    """Every node that depends, directly or not, on ``node_id`` (one pass over a reverse index)."""
+    dependents: dict[str, list[str]] = {}
+    for node in graph:
+        for dep in node["deps"]:
+            dependents.setdefault(dep, []).append(node["id"])
     found: set[str] = set()
-    frontier = {node_id}
+    frontier = [node_id]
     while frontier:
-        frontier = {n["id"] for n in graph if set(n["deps"]) & frontier} - found
-        found |= frontier
+        current = frontier.pop()
+        for child in dependents.get(current, ()):
+            if child not in found:
+                found.add(child)
+                frontier.append(child)
     return found
 
 

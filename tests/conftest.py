@@ -1,10 +1,16 @@
-"""Shared fixtures: every test runs in its own project directory with the default store there."""
+"""Shared fixtures: every test runs in its own project directory with the default store there;
+the real servers (moto S3, PostgreSQL, the local model server) some tests need; child-process helpers."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
+from typing import NamedTuple
 
 import pytest
 
@@ -38,3 +44,70 @@ def child_env() -> dict[str, str]:
 
 
 PYTHON = sys.executable
+
+
+def load_child_module(path: Path) -> ModuleType:
+    """A child script (tests/children/...) imported by path: it defines functions only, main() runs under __main__."""
+    spec = importlib.util.spec_from_file_location(f"_child_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def kill9(proc: subprocess.Popen) -> int:
+    """SIGKILL ``proc`` (unless it is already gone) and reap it; returns its exit status."""
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return proc.wait(timeout=30)
+
+
+# ---- real servers on loopback (tests/servers) ---------------------------------------------------
+@pytest.fixture(scope="session")
+def s3():
+    """A moto S3 server for the session (``S3Server``): make a fresh bucket per test with ``create_bucket``."""
+    from servers import s3_server
+
+    need(s3_server.available(), "moto server not installed: pip install 'moto[server]'")
+    server = s3_server.S3Server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def pg():
+    """A PostgreSQL server for the session (``PgServer``: ``.dsn``), or the one TEST_PG_DSN names."""
+    from servers import pg_server
+
+    need(pg_server.available(), "no PostgreSQL server binaries (apt-get install postgresql) and no TEST_PG_DSN")
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        need(False, "psycopg not installed: pip install 'caravanserai[postgres]'")
+    server = pg_server.PgServer.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+class ModelServer(NamedTuple):
+    url: str  # http://127.0.0.1:PORT, without /v1
+    model: str  # the model name requests must use
+
+
+@pytest.fixture(scope="module")
+def model_server():
+    """The local OpenAI-compatible model server (SmolLM2 via ``transformers serve``), one per test module."""
+    from servers import model_server as ms
+
+    built = (ms.DEFAULT_VENV / "bin" / "transformers").exists() and ms.DEFAULT_MODEL_DIR.exists()
+    need(built, "the local model server is not set up: python tests/servers/model_server.py setup")
+    proc, base_url = ms.start_server()
+    try:
+        yield ModelServer(base_url.rstrip("/").removesuffix("/v1"), ms.MODEL_NAME)
+    finally:
+        ms.stop_server(proc)

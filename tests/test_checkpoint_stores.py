@@ -17,18 +17,6 @@ import pytest
 from caravanserai import DurableAgent
 from caravanserai.checkpoints import CheckpointLog, GCSStore, LocalDirectoryStore, MemoryCheckpointStore, S3Store
 from caravanserai.testing import ObjectStoreConformance
-from conftest import need
-from servers import s3_server
-
-
-@pytest.fixture(scope="module")
-def s3():
-    need(s3_server.available(), "moto server not installed: pip install 'moto[server]'")
-    server = s3_server.S3Server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

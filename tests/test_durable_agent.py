@@ -20,7 +20,6 @@ import json
 import os
 import pickle
 import re
-import socket
 import struct
 import subprocess
 import sys
@@ -43,6 +42,7 @@ from caravanserai.checkpoints import (
 )
 from caravanserai.errors import CaravanseraiError, CheckpointCorruptionError, CheckpointFormatError, ModelError, ObjectNotFound
 from caravanserai.runs import read_events
+from servers._proc import free_port
 
 PYTHON = sys.executable
 TESTS = Path(__file__).resolve().parent
@@ -110,10 +110,7 @@ def reencoded(blob: bytes, **header_changes) -> bytes:
 
 
 def closed_port_url() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
+    return f"http://127.0.0.1:{free_port()}"
 
 
 @lru_cache(maxsize=None)

@@ -76,21 +76,10 @@ def _resume_in_child(ckpt_file: Path, base_url: str, env: dict[str, str], cwd: P
 
 
 @pytest.fixture(scope="module")
-def tf_server():
-    built = (ms.DEFAULT_VENV / "bin" / "transformers").exists() and ms.DEFAULT_MODEL_DIR.exists()
-    need(built, "the local model server is not set up: python tests/servers/model_server.py setup")
-    proc, base_url = ms.start_server()
-    try:
-        yield base_url.removesuffix("/v1")
-    finally:
-        ms.stop_server(proc)
-
-
-@pytest.fixture(scope="module")
-def reference(tf_server):
+def reference(model_server):  # model_server: conftest.py's (transformers serve), one for this module
     """The uninterrupted run (all steps in one go), sent straight to the server."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_BASE_URL", tf_server)
+        mp.setenv("VLLM_BASE_URL", model_server.url)
         mp.delenv("VLLM_API_KEY", raising=False)
         agent = DurableAgent().begin(PROMPTS, model_id=MODEL_ID)
         agent.run_until_step(len(PROMPTS) - 1)
@@ -98,8 +87,8 @@ def reference(tf_server):
 
 
 @pytest.fixture
-def tf_proxy(tf_server):
-    proxy = CountingProxy(tf_server)
+def tf_proxy(model_server):
+    proxy = CountingProxy(model_server.url)
     yield proxy
     proxy.close()
 
@@ -145,8 +134,8 @@ def test_checkpoint_resumes_in_fresh_process_like_uninterrupted_run(project, chi
 # ------------------------------------------------------------------ failures
 
 
-def test_unreachable_server_raises_and_leaves_checkpoint_usable(project, monkeypatch, tf_server, reference):
-    monkeypatch.setenv("VLLM_BASE_URL", tf_server)
+def test_unreachable_server_raises_and_leaves_checkpoint_usable(project, monkeypatch, model_server, reference):
+    monkeypatch.setenv("VLLM_BASE_URL", model_server.url)
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
     ckpt = DurableAgent().begin(PROMPTS, model_id=MODEL_ID).run_until_step(0)
     saved = bytes(ckpt)
@@ -170,7 +159,7 @@ def test_unreachable_server_raises_and_leaves_checkpoint_usable(project, monkeyp
     assert fresh.step_outputs() == [None] * 4
 
     # Later, with the server back, the same checkpoint resumes to the uninterrupted result.
-    monkeypatch.setenv("VLLM_BASE_URL", tf_server)
+    monkeypatch.setenv("VLLM_BASE_URL", model_server.url)
     again = DurableAgent()
     assert again.resume_from(ckpt) == reference
     assert again.computed_steps == [1, 2, 3]

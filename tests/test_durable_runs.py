@@ -10,7 +10,6 @@ raise KeyboardInterrupt, which ``run()``/``durable()`` leave unrecorded (the run
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import math
 import os
@@ -52,19 +51,11 @@ from caravanserai import calls, cli, journal, pricing
 from caravanserai.ledger import digest
 from caravanserai.runs import read_events
 from caravanserai.testing import ScriptedModel
+from conftest import kill9, load_child_module
 
 PYTHON = sys.executable
 CHILD = Path(__file__).resolve().parent / "children" / "durable_agents.py"
-
-
-def _load_child_module(path: Path):
-    spec = importlib.util.spec_from_file_location(f"_child_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # defines functions only: main() runs under __main__
-    return module
-
-
-kids = _load_child_module(CHILD)
+kids = load_child_module(CHILD)
 QUESTION, ANSWER = kids.QUESTION, kids.ANSWER
 
 
@@ -120,15 +111,6 @@ def wait_until(condition: Callable[[], bool], proc: subprocess.Popen, project: P
             proc.kill()
             raise AssertionError(f"crash point not reached in {timeout}s:\n{child_stderr(project)}")
         time.sleep(0.02)
-
-
-def kill9(proc: subprocess.Popen) -> None:
-    try:
-        os.kill(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=30)
-    assert proc.returncode == -signal.SIGKILL
 
 
 def journal_has(project: Path, run_id: str, etype: str) -> Callable[[], bool]:
@@ -326,7 +308,7 @@ def test_crash_during_model_call_resumes_and_then_spends_nothing(project, child_
         run(kids.support(busy), QUESTION, durable=opts(project, run_id))
     assert info.value.code == "run_locked" and busy.requests == []
     assert journal_path(project, run_id).read_bytes() == locked_before
-    kill9(proc)
+    assert kill9(proc) == -signal.SIGKILL
 
     store = store_of(project)
     summary = run_summary(store.load(run_id))
@@ -394,7 +376,7 @@ def test_crash_after_a_turn_restores_the_conversation(project, child_env):
     run_id = "turn-crash"
     proc = spawn("lookup", run_id, project, child_env, DURABLE_MODEL_DELAY="1.5")
     wait_until(lambda: types_of(project, run_id).count("call_started") == 2, proc, project)
-    kill9(proc)
+    assert kill9(proc) == -signal.SIGKILL
     assert types_of(project, run_id) == ["run_started", "call_started", "call_settled", "tool_intent",
                                          "tool_settled", "turn", "call_started"]
     model = ScriptedModel([ANSWER])
@@ -586,7 +568,7 @@ def test_write_and_external_tools_stop_until_settled(project, child_env, tool_na
     run_id = f"{tool_name}-crash"
     proc = spawn(tool_name, run_id, project, child_env, DURABLE_SLEEP="60")
     wait_until(lambda: len(kids.records(tool_name)) == 1, proc, project)  # the effect happened; no settlement yet
-    kill9(proc)
+    assert kill9(proc) == -signal.SIGKILL
     intent = next(e for e in events_of(project, run_id) if e["type"] == "tool_intent")
     assert intent["effect"] == ("write" if tool_name == "send_email" else "external")
 

@@ -40,24 +40,16 @@ def _has(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-@pytest.fixture(scope="module")
-def model_server():
+@pytest.fixture(scope="module", autouse=True)
+def kernel_packages() -> None:
+    """Checked before conftest.py's model_server (same scope: autouse fixtures come first) starts a server."""
     for module in ("jupyter_client", "ipykernel", "nbclient", "nbformat", "openai"):
         need(_has(module), f"{module} is not installed (the [test] extra)")
-    from servers import model_server as ms
-
-    built = (ms.DEFAULT_VENV / "bin" / "transformers").exists() and ms.DEFAULT_MODEL_DIR.exists()
-    need(built, "the local model server is not set up: python tests/servers/model_server.py setup")
-    proc, base_url = ms.start_server()
-    try:
-        yield base_url.rstrip("/").removesuffix("/v1"), ms.MODEL_NAME
-    finally:
-        ms.stop_server(proc)
 
 
 @pytest.fixture
 def proxy(model_server):
-    counting = CountingProxy(model_server[0])
+    counting = CountingProxy(model_server.url)
     yield counting
     counting.close()
 
@@ -67,7 +59,7 @@ def uninterrupted(model_server, tmp_path_factory):
     """The loop notebook run top to bottom once, uninterrupted, by nbclient (run id "uninterrupted")."""
     _, model = model_server
     project = tmp_path_factory.mktemp("uninterrupted")
-    counting = CountingProxy(model_server[0])
+    counting = CountingProxy(model_server.url)
     try:
         nb = execute_notebook(loop_notebook(counting, model, "uninterrupted"), project)
         assert [topic_of(b) for b in counting.posts("/chat/completions")] == TOPICS

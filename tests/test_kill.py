@@ -16,7 +16,6 @@ Children live in ``tests/children/``. ``CARAVANSERAI_KILL_SEED`` replays a rando
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import random
@@ -37,6 +36,7 @@ import pytest
 import caravanserai
 from caravanserai import journal
 from caravanserai.runs import read_events
+from conftest import kill9, load_child_module
 
 PYTHON = sys.executable
 TESTS = Path(__file__).resolve().parent
@@ -45,14 +45,7 @@ REPO = TESTS.parent
 TIGHT_LOOP = CHILDREN / "tight_loop.py"
 
 
-def _load_child_module(path: Path):
-    spec = importlib.util.spec_from_file_location(f"_child_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # defines functions only: main() runs under __main__
-    return module
-
-
-_tight = _load_child_module(TIGHT_LOOP)
+_tight = load_child_module(TIGHT_LOOP)
 
 
 @lru_cache(maxsize=None)
@@ -122,14 +115,6 @@ def spawn_tight(run_id: str, env: dict[str, str], cwd: Path, stderr, limit: int 
     finally:
         os.close(write_fd)
     return proc, AckReader(read_fd)
-
-
-def kill9(proc: subprocess.Popen) -> None:
-    try:
-        os.kill(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=30)
 
 
 # ---- checking a run against its journal -------------------------------------------------------

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -11,6 +10,7 @@ import pytest
 
 from caravanserai import ModelError, OpenAICompatibleModel, durable
 from caravanserai.runs import read_events
+from servers._proc import free_port
 
 
 class FakeOpenAI:
@@ -72,9 +72,7 @@ def test_completions_endpoint(fake):
 
 
 def test_unreachable_server():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     with pytest.raises(ModelError) as info:
         OpenAICompatibleModel(f"http://127.0.0.1:{port}", "m", timeout=2).complete([{"role": "user", "content": "x"}])
     assert info.value.kind == "unreachable" and f"127.0.0.1:{port}" in str(info.value)

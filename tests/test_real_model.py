@@ -18,29 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, need
 from servers.counting_proxy import CountingProxy
 
 CHILDREN = Path(__file__).parent / "children"
 
 
-@pytest.fixture(scope="module")
-def model_server():
-    from servers import model_server as ms
-
-    built = (ms.DEFAULT_VENV / "bin" / "transformers").exists() and (ms.DEFAULT_MODEL_DIR).exists()
-    need(built, "the local model server is not set up: python tests/servers/model_server.py setup")
-    proc, base_url = ms.start_server()
-    try:
-        yield base_url.rstrip("/").removesuffix("/v1"), ms.MODEL_NAME
-    finally:
-        ms.stop_server(proc)
-
-
 @pytest.fixture
-def proxy(model_server):
-    upstream, _ = model_server
-    counting = CountingProxy(upstream)
+def proxy(model_server):  # model_server: conftest.py's, one server for this module
+    counting = CountingProxy(model_server.url)
     yield counting
     counting.close()
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,17 +37,12 @@ from caravanserai.stores.http import (  # noqa: E402
 from caravanserai.testing import StoreConformance, journal_machine, make_lines  # noqa: E402
 
 from conftest import REPO  # noqa: E402
+from servers._proc import free_port  # noqa: E402
 
 TOKEN = "test-token-0123456789abcdef"
 
 
 # ---- a real service in a child process ------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     def __init__(self, store_url: str, token: str = TOKEN, port: int | None = None) -> None:
         self.store_url = store_url

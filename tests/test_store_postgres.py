@@ -10,22 +10,7 @@ import pytest
 from caravanserai import StoreUnavailable, open_store
 from caravanserai.stores.postgres import PostgresStore
 from caravanserai.testing import StoreConformance, journal_machine
-from conftest import need
-from servers import pg_server
-
-
-@pytest.fixture(scope="session")
-def pg():
-    need(pg_server.available(), "no PostgreSQL server binaries (apt-get install postgresql) and no TEST_PG_DSN")
-    try:
-        import psycopg  # noqa: F401
-    except ImportError:
-        need(False, "psycopg not installed: pip install 'caravanserai[postgres]'")
-    server = pg_server.PgServer.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+from servers._proc import free_port
 
 
 def _fresh(pg, ttl_ms: int = 3000) -> PostgresStore:
@@ -63,10 +48,5 @@ def test_url_options_and_schema_not_created_unless_asked(pg):
 
 
 def test_unreachable_server_is_a_clear_error():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     with pytest.raises(StoreUnavailable, match="cannot connect to PostgreSQL"):
-        PostgresStore(f"postgresql://nobody:secret@127.0.0.1:{port}/db")
+        PostgresStore(f"postgresql://nobody:secret@127.0.0.1:{free_port()}/db")

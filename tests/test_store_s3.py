@@ -11,18 +11,7 @@ import pytest
 from caravanserai import LeaseLost, ObjectConditionalPutRequired, ObjectLeaseTtlInvalid, RunLocked, open_store
 from caravanserai.stores.objects import ObjectDurableStore, ObstoreStorage
 from caravanserai.testing import StoreConformance, journal_machine, make_lines
-from conftest import need
-from servers import s3_server
-
-
-@pytest.fixture(scope="module")
-def s3():
-    need(s3_server.available(), "moto server not installed: pip install 'moto[server]'")
-    server = s3_server.S3Server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
+from servers._proc import free_port
 
 
 def _url(s3, ttl_ms: int = 3000) -> str:
@@ -90,14 +79,9 @@ def test_fenced_off_writer_collides_instead_of_overwriting(s3):
 
 
 def test_unreachable_endpoint_is_store_unavailable():
-    import socket
-
     from caravanserai import StoreUnavailable
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    store = open_store(f"s3://nowhere/x?endpoint=http://127.0.0.1:{port}&region=us-east-1&access_key_id=a"
+    store = open_store(f"s3://nowhere/x?endpoint=http://127.0.0.1:{free_port()}&region=us-east-1&access_key_id=a"
                        "&secret_access_key=b")
     started = time.monotonic()
     with pytest.raises(StoreUnavailable, match="failed"):

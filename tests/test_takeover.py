@@ -18,38 +18,25 @@ import pytest
 
 import caravanserai
 from caravanserai.runs import read_events
-from conftest import need
-from servers import pg_server, s3_server
 
 CHILD = str(Path(__file__).parent / "children" / "shared_writer.py")
 TTL_MS = 3000
 
 
-@pytest.fixture(scope="module")
-def postgres_url():
-    need(pg_server.available(), "no PostgreSQL binaries (apt-get install postgresql) and no TEST_PG_DSN")
-    server = pg_server.PgServer.start()
-    try:
-        yield lambda: f"{server.dsn}?table=t_{uuid.uuid4().hex[:10]}&create_schema=1&lease_ttl_ms={TTL_MS}"
-    finally:
-        server.stop()
+@pytest.fixture
+def postgres_url(pg):
+    return lambda: f"{pg.dsn}?table=t_{uuid.uuid4().hex[:10]}&create_schema=1&lease_ttl_ms={TTL_MS}"
 
 
-@pytest.fixture(scope="module")
-def s3_url():
-    need(s3_server.available(), "moto server not installed: pip install 'moto[server]'")
-    server = s3_server.S3Server.start()
-
+@pytest.fixture
+def s3_url(s3):
     def make() -> str:
         bucket = f"take-{uuid.uuid4().hex[:10]}"
-        server.create_bucket(bucket)
-        return (f"s3://{bucket}/runs?endpoint={server.endpoint}&region=us-east-1&access_key_id=testing"
+        s3.create_bucket(bucket)
+        return (f"s3://{bucket}/runs?endpoint={s3.endpoint}&region=us-east-1&access_key_id=testing"
                 f"&secret_access_key=testing&lease_ttl_ms={TTL_MS}")
 
-    try:
-        yield make
-    finally:
-        server.stop()
+    return make
 
 
 @pytest.fixture(params=["postgres", "s3", "sqlite"])

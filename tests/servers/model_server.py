@@ -30,7 +30,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,11 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+try:  # imported as servers.model_server (tests) or run as a script (sys.path[0] == tests/servers)
+    from ._proc import free_port, stop_process_group
+except ImportError:
+    from _proc import free_port, stop_process_group  # type: ignore[no-redef]
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_VENV = Path(os.environ.get("CARAVANSERAI_MODEL_VENV", REPO / ".venv-model"))
@@ -273,12 +277,6 @@ def _convert(model_dir: Path, py: Path, spec: dict) -> Path:
     return model_dir
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _serve_root(model_dir: Path) -> Path:
     """A git-ignored folder holding a link named MODEL_NAME to the model folder.
 
@@ -340,62 +338,83 @@ def start_server(
         "--host", "127.0.0.1", "--port", str(port),
         "--device", "cpu", "--dtype", MODEL_DTYPE, "--default-seed", "0", "--log-level", "info",
     ]
+    warm = ("/chat/completions", {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}],
+                                   "max_tokens": 1, "temperature": 0, "stream": False})
+    return launch(cmd, what="model server", port=port, log_path=log_path, env=_child_env(), cwd=root,
+                  timeout=timeout, poll=0.25, warmup=warm if warmup else None, grace=10)
+
+
+def launch(cmd: list[str], *, what: str, port: int, log_path: Path, env: dict[str, str], cwd: Path,
+           timeout: float, poll: float, warmup: tuple[str, dict] | None, grace: float) -> tuple[subprocess.Popen, str]:
+    """Start the OpenAI-compatible server ``cmd`` listening on 127.0.0.1:``port``; returns (process, base_url).
+
+    It runs in its own session (process group), its output appended to ``log_path`` after a ``$ cmd``
+    line. Waits until GET /v1/models answers (``proc.ready_s``) and, with ``warmup`` (a path under
+    /v1 and a request body), until that request has returned (``proc.warm_s``). On failure or timeout
+    the server is stopped (``grace`` seconds for SIGTERM) and the error names ``what`` and the log's tail.
+    """
     log = open(log_path, "ab")
     log.write(("\n$ " + " ".join(cmd) + "\n").encode())
     log.flush()
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=_child_env(), start_new_session=True, cwd=str(root))
+                            env=env, start_new_session=True, cwd=str(cwd))
     log.close()
     proc.log_path = log_path  # type: ignore[attr-defined]
     base = f"http://127.0.0.1:{port}/v1"
     try:
         while True:
             if proc.poll() is not None:
-                raise RuntimeError(f"model server exited with {proc.returncode}; log {log_path}:\n{_log_tail(log_path)}")
+                raise RuntimeError(f"{what} exited with {proc.returncode}; log {log_path}:\n{_log_tail(log_path)}")
             if time.monotonic() - t0 > timeout:
-                raise TimeoutError(f"model server not ready after {timeout}s; log {log_path}:\n{_log_tail(log_path)}")
+                raise TimeoutError(f"{what} not ready after {timeout}s; log {log_path}:\n{_log_tail(log_path)}")
             try:
                 http_json(base + "/models", timeout=5)
                 break
             except (urllib.error.URLError, ConnectionError, OSError, ValueError):
-                time.sleep(0.25)
+                time.sleep(poll)
         proc.ready_s = round(time.monotonic() - t0, 2)  # type: ignore[attr-defined]
         if warmup:
-            http_json(base + "/chat/completions", {
-                "model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}],
-                "max_tokens": 1, "temperature": 0, "stream": False,
-            }, timeout=max(30.0, timeout - (time.monotonic() - t0)))
+            path, body = warmup
+            http_json(base + path, body, timeout=max(30.0, timeout - (time.monotonic() - t0)))
         proc.warm_s = round(time.monotonic() - t0, 2)  # type: ignore[attr-defined]
     except BaseException:
-        stop_server(proc)
+        stop_server(proc, grace=grace)
         raise
     return proc, base
 
 
 def stop_server(proc: subprocess.Popen, grace: float = 10) -> None:
     """Stop the server's whole process group: SIGTERM, then SIGKILL after `grace` seconds."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            pass
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)  # stragglers in the group, if any
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(5)
+    stop_process_group(proc, grace)
 
 
 @contextlib.contextmanager
-def running_server(**kw):
-    """with running_server() as base_url: ..."""
-    proc, base = start_server(**kw)
+def running(start, stop, **kw):
+    """``with running(start_server, stop_server, **kw) as base_url``: started, and stopped on the way out."""
+    proc, base = start(**kw)
     try:
         yield base
     finally:
-        stop_server(proc)
+        stop(proc)
+
+
+def running_server(**kw):
+    """with running_server() as base_url: ..."""
+    return running(start_server, stop_server, **kw)
+
+
+def serve_until_stopped(proc: subprocess.Popen, base: str) -> int:
+    """The ``serve`` command: wait on the server until Ctrl-C or SIGTERM (the caller then stops it)."""
+    def _interrupt(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops the server too
+    signal.signal(signal.SIGINT, _interrupt)
+    with contextlib.suppress(KeyboardInterrupt):
+        print(f"serving at {base} (Ctrl-C to stop)", flush=True)
+        proc.wait()
+    return 0 if proc.returncode is None else 1
 
 
 # ---------------------------------------------------------------- CLI
@@ -455,15 +474,7 @@ def main(argv: list[str] | None = None) -> int:
                 "ready_s": proc.ready_s, "ready_and_warm_s": proc.warm_s, "log": str(proc.log_path)}
         print(json.dumps(info), flush=True)
         if a.command == "serve":
-            def _interrupt(*_):
-                raise KeyboardInterrupt
-
-            signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops the server too
-            signal.signal(signal.SIGINT, _interrupt)
-            with contextlib.suppress(KeyboardInterrupt):
-                print(f"serving at {base} (Ctrl-C to stop)", flush=True)
-                proc.wait()
-            return 0 if proc.returncode is None else 1
+            return serve_until_stopped(proc, base)
         rep = check(base)
         print(json.dumps(rep, indent=1))
         for k, v in rep.items():

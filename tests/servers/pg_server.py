@@ -9,10 +9,11 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass
+
+from ._proc import free_port
 
 
 def binaries() -> str | None:
@@ -41,9 +42,7 @@ class PgServer:
         os.chmod(base, 0o755)
         if os.geteuid() == 0:
             shutil.chown(base, "postgres")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         data = os.path.join(base, "data")
         subprocess.run(_as_postgres([f"{bin_dir}/initdb", "-N", "-D", data, "-U", "postgres", "--auth=trust",
                                      "-E", "UTF8", "--no-locale"]), check=True, capture_output=True)

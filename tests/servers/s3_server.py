@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from dataclasses import dataclass
+
+from ._proc import free_port, stop_process_group
 
 CREDENTIALS = {"access_key_id": "testing", "secret_access_key": "testing", "region": "us-east-1"}
 
@@ -34,9 +34,7 @@ class S3Server:
 
     @classmethod
     def start(cls, timeout: float = 30.0) -> "S3Server":
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         exe = shutil.which("moto_server", path=os.path.dirname(sys.executable))
         cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
         proc = subprocess.Popen([*cmd, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
@@ -64,12 +62,4 @@ class S3Server:
         return {"endpoint": self.endpoint, **CREDENTIALS}
 
     def stop(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        stop_process_group(self.proc, grace=5)

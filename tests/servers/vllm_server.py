@@ -23,16 +23,13 @@ See tests/servers/README.md ("vLLM server for tests") for sizes and timings.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 from pathlib import Path
 from typing import Sequence
 
@@ -154,35 +151,9 @@ def start_server(
         "--enable-prompt-tokens-details", "--enable-prefix-caching", "--seed", "0",
         *(EAGER_ARGS if eager else []), *extra_args,
     ]
-    log = open(log_path, "ab")
-    log.write(("\n$ " + " ".join(cmd) + "\n").encode())
-    log.flush()
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            env=ms._child_env(SERVER_ENV), start_new_session=True, cwd=str(log_path.parent))
-    log.close()
-    proc.log_path = log_path  # type: ignore[attr-defined]
-    base = f"http://127.0.0.1:{port}/v1"
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vLLM server exited with {proc.returncode}; log {log_path}:\n{ms._log_tail(log_path)}")
-            if time.monotonic() - t0 > timeout:
-                raise TimeoutError(f"vLLM server not ready after {timeout}s; log {log_path}:\n{ms._log_tail(log_path)}")
-            try:
-                ms.http_json(base + "/models", timeout=5)
-                break
-            except (urllib.error.URLError, ConnectionError, OSError, ValueError):
-                time.sleep(0.5)
-        proc.ready_s = round(time.monotonic() - t0, 2)  # type: ignore[attr-defined]
-        if warmup:
-            ms.http_json(base + "/completions", {"model": MODEL_NAME, "prompt": "Hi", "max_tokens": 1, "temperature": 0},
-                         timeout=max(30.0, timeout - (time.monotonic() - t0)))
-        proc.warm_s = round(time.monotonic() - t0, 2)  # type: ignore[attr-defined]
-    except BaseException:
-        stop_server(proc)
-        raise
-    return proc, base
+    warm = ("/completions", {"model": MODEL_NAME, "prompt": "Hi", "max_tokens": 1, "temperature": 0})
+    return ms.launch(cmd, what="vLLM server", port=port, log_path=log_path, env=ms._child_env(SERVER_ENV),
+                     cwd=log_path.parent, timeout=timeout, poll=0.5, warmup=warm if warmup else None, grace=30)
 
 
 def stop_server(proc: subprocess.Popen, grace: float = 30) -> None:
@@ -190,14 +161,9 @@ def stop_server(proc: subprocess.Popen, grace: float = 30) -> None:
     ms.stop_server(proc, grace=grace)
 
 
-@contextlib.contextmanager
 def running_server(**kw):
     """with running_server() as base_url: ..."""
-    proc, base = start_server(**kw)
-    try:
-        yield base
-    finally:
-        stop_server(proc)
+    return ms.running(start_server, stop_server, **kw)
 
 
 def check_prefix_cache(base: str, name: str = MODEL_NAME) -> dict:
@@ -238,15 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"base_url": base, "model": MODEL_NAME, "pid": proc.pid, "ready_s": proc.ready_s,
                           "ready_and_warm_s": proc.warm_s, "log": str(proc.log_path)}), flush=True)
         if a.command == "serve":
-            def _interrupt(*_):
-                raise KeyboardInterrupt
-
-            signal.signal(signal.SIGTERM, _interrupt)
-            signal.signal(signal.SIGINT, _interrupt)
-            with contextlib.suppress(KeyboardInterrupt):
-                print(f"serving at {base} (Ctrl-C to stop)", flush=True)
-                proc.wait()
-            return 0 if proc.returncode is None else 1
+            return ms.serve_until_stopped(proc, base)
         rep = ms.check(base)
         rep["prefix_cache"] = check_prefix_cache(base)
         print(json.dumps(rep, indent=1))
