@@ -14,8 +14,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,7 @@ from caravanserai import DurableAgent, ModelError
 from conftest import need
 from servers import model_server as ms
 from servers.counting_proxy import CountingProxy
+from servers.loopback import LoopbackHTTP
 
 CHILDREN = Path(__file__).parent / "children"
 MODEL_ID = f"vllm/{ms.MODEL_NAME}"  # the backend strips "vllm/": requests name ms.MODEL_NAME
@@ -165,40 +164,24 @@ def test_unreachable_server_raises_and_leaves_checkpoint_usable(project, monkeyp
     assert again.computed_steps == [1, 2, 3]
 
 
-class _BrokenServer:
+class _BrokenServer(LoopbackHTTP):
     """127.0.0.1 server whose first path segment chooses the failure: /500, /notjson, /nochoices, /notext."""
+
+    ANSWERS = {
+        "500": (500, b'{"error": {"message": "boom", "type": "internal_error"}}'),
+        "notjson": (200, b"<html>this is not json"),
+        "nochoices": (200, b'{"object": "text_completion", "choices": []}'),
+        "notext": (200, b'{"object": "text_completion", "choices": [{"index": 0, "text": null}]}'),
+    }
 
     def __init__(self) -> None:
         self.requests: list[tuple[str, bytes]] = []
-        owner = self
+        super().__init__(self._respond)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                owner.requests.append((self.path, body))
-                mode = self.path.strip("/").split("/")[0]
-                status, data = {
-                    "500": (500, b'{"error": {"message": "boom", "type": "internal_error"}}'),
-                    "notjson": (200, b"<html>this is not json"),
-                    "nochoices": (200, b'{"object": "text_completion", "choices": []}'),
-                    "notext": (200, b'{"object": "text_completion", "choices": [{"index": 0, "text": null}]}'),
-                }[mode]
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+    def _respond(self, method, path, headers, body) -> tuple[int, bytes, dict[str, str]]:
+        self.requests.append((path, body))
+        status, data = self.ANSWERS[path.strip("/").split("/")[0]]
+        return status, data, {"Content-Type": "application/json"}
 
 
 @pytest.fixture(scope="module")

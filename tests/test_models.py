@@ -3,40 +3,27 @@
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from caravanserai import ModelError, OpenAICompatibleModel, durable
 from caravanserai.runs import read_events
 from servers._proc import free_port
+from servers.loopback import LoopbackHTTP
 
 
-class FakeOpenAI:
+class FakeOpenAI(LoopbackHTTP):
     """A real HTTP server on 127.0.0.1 whose answers the test scripts (status, body)."""
 
     def __init__(self) -> None:
         self.answers: list[tuple[int, bytes]] = []
         self.seen: list[dict] = []
-        outer = self
+        super().__init__(self._respond)
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                outer.seen.append({"path": self.path, "body": json.loads(body), "auth": self.headers.get("Authorization")})
-                status, data = outer.answers.pop(0) if outer.answers else (200, b"{}")
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+    def _respond(self, method, path, headers, body) -> tuple[int, bytes, dict[str, str]]:
+        self.seen.append({"path": path, "body": json.loads(body), "auth": headers.get("Authorization")})
+        status, data = self.answers.pop(0) if self.answers else (200, b"{}")
+        return status, data, {}
 
     def answer(self, status: int, body: object) -> None:
         self.answers.append((status, body if isinstance(body, bytes) else json.dumps(body).encode()))
@@ -46,7 +33,7 @@ class FakeOpenAI:
 def fake():
     server = FakeOpenAI()
     yield server
-    server.server.shutdown()
+    server.close()
 
 
 CHAT = {"model": "m", "choices": [{"message": {"role": "assistant", "content": "hi", "tool_calls": [

@@ -9,7 +9,7 @@ from typing import Callable
 
 # respond(method, path, request headers, request body) -> (status, response body, response headers);
 # Content-Length is added after those headers.
-Respond = Callable[[str, str, Message, bytes], "tuple[int, bytes, dict[str, str]]"]
+Respond = Callable[[str, str, Message, bytes], tuple[int, bytes, dict[str, str]]]
 
 
 class LoopbackHTTP:
