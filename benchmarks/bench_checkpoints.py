@@ -316,7 +316,6 @@ def open_big_log(log_dir: Path, steps: int, mode: str) -> tuple[dict, bool]:
         if info.get("steps") == steps and info.get("mode") == mode and info.get("prompt0") == short_prompts(1)[0]:
             store = LocalDirectoryStore(log_dir)
             known = set(info["ids"].values())
-            probe = CheckpointLog(store, RUN_BIG)
             stray = [k for k in store.list(f"checkpoints/{RUN_BIG}/records/")
                      if k.rsplit("/", 1)[1].removesuffix(".json") not in known]
             for key in stray:   # forks left by an interrupted earlier run

@@ -9,7 +9,7 @@ import uuid
 import pytest
 
 from caravanserai import LeaseLost, ObjectConditionalPutRequired, ObjectLeaseTtlInvalid, RunLocked, open_store
-from caravanserai.stores.objects import ObjectDurableStore, ObstoreStorage
+from caravanserai.stores.objects import ObjectDurableStore
 from caravanserai.testing import StoreConformance, journal_machine, make_lines
 from servers._proc import free_port
 
