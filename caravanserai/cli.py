@@ -305,6 +305,24 @@ def cmd_store_init(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    """Check every journal line's chain and every journaled figure; exit 1 if any run is damaged."""
+    from .errors import JournalCorruptionError
+
+    store = open_store(args.store)
+    runs = [readable_run_id(r, store) for r in args.run_ids] or store.list()
+    damaged = 0
+    for run_id in runs:
+        try:
+            events = require_events(run_id, store)
+            Ledger(run_id, events, 1)  # revalidates money and token figures
+            print(f"{run_id}	ok	{len(events)} events")
+        except JournalCorruptionError as exc:
+            damaged += 1
+            print(f"{run_id}	DAMAGED	{exc.message}")
+    return 1 if damaged else 0
+
+
 def cmd_clean(args: argparse.Namespace) -> int:
     store = open_store(args.store)
     if not clean(args.run_id, store=store):
@@ -366,6 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_b")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_diff)
+    p = sub.add_parser("verify", parents=[common], help="check journals' integrity (hash chain, journaled figures)")
+    p.add_argument("run_ids", nargs="*", metavar="RUN", help="runs to check (default: every run)")
+    p.set_defaults(func=cmd_verify)
     p = sub.add_parser("serve", parents=[common], help="run the HTTP journal service in front of a store")
     p.add_argument("backing", nargs="?", metavar="STORE_URL",
                    help="the store to serve (default: --store, $CARAVANSERAI_STORE or ./.caravanserai)")

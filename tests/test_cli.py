@@ -165,3 +165,15 @@ def test_console_script_entry_point(project, child_env):
         pytest.skip("console script not installed next to this interpreter (run from an installed venv)")
     proc = subprocess.run([str(exe), "list"], cwd=project, env=child_env, capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout == "no runs yet\n"
+
+
+def test_verify_reports_each_run_and_fails_on_damage(project, child_env):
+    checkpoint("good", {"a": 1}, "x")
+    checkpoint("bad", {"a": 1}, "x")
+    checkpoint("bad", {"a": 2}, "y")
+    caravanserai.runs._REGISTRY.close_all()
+    assert cli("verify", cwd=project, env=child_env).stdout.splitlines() == ["bad\tok\t3 events", "good\tok\t2 events"]
+    path = project / ".caravanserai" / "bad" / "journal.jsonl"
+    path.write_text(path.read_text().replace('"a":1', '"a":7'))
+    out = cli("verify", cwd=project, env=child_env, check_rc=1).stdout
+    assert out.startswith("bad\tDAMAGED\t") and "does not chain" in out and "good\tok" in out
