@@ -14,7 +14,7 @@ $(BIN)/.installed: pyproject.toml
 # The seed's transcript: run, Ctrl-C after step 3, run again (resumes at 4/5), show the waypoint.
 demo: $(BIN)/.installed
 	-$(BIN)/caravanserai clean demo 2>/dev/null
-	-timeout -s INT 3.6 $(BIN)/python demo.py
+	-timeout --foreground -s INT 3.6 $(BIN)/python demo.py
 	$(BIN)/python demo.py
 	$(BIN)/caravanserai show demo
 

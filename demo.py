@@ -8,6 +8,7 @@ CARAVANSERAI_DEMO_DELAY sets the seconds per step (default 1).
 """
 
 import os
+import signal
 import sys
 import time
 
@@ -31,6 +32,7 @@ if __name__ == "__main__":
     try:
         do_the_task("demo", {"step": 0})
     except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not garble the message
         print("\ncrashed/killed mid-task. run me again - I'll resume, not restart.", flush=True)
         sys.exit(130)
     print("done.")
