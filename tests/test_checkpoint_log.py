@@ -22,23 +22,13 @@ from caravanserai.checkpoints import (
 from caravanserai.errors import CheckpointCorruptionError, CheckpointFormatError, ObjectNotFound
 from caravanserai.runs import read_events
 
-from agent_helpers import (  # noqa: F401
+from agent_helpers import (
     PYTHON,
-    TESTS,
     CHILDREN,
-    REPO,
-    VERBATIM_MARK,
     PROMPTS,
-    FORK_PROMPTS,
     full_run,
-    run_script,
-    verbatim,
-    seed_script,
     last_json,
     flip,
-    with_version,
-    reencoded,
-    closed_port_url,
     long_run,
     commit_chain,
     object_key,

@@ -34,12 +34,10 @@ from caravanserai.checkpoints import (
 )
 from caravanserai.errors import CaravanseraiError, CheckpointCorruptionError, CheckpointFormatError, ModelError
 
-from agent_helpers import (  # noqa: F401
+from agent_helpers import (
     PYTHON,
-    TESTS,
     CHILDREN,
     REPO,
-    VERBATIM_MARK,
     PROMPTS,
     FORK_PROMPTS,
     full_run,
@@ -51,9 +49,6 @@ from agent_helpers import (  # noqa: F401
     with_version,
     reencoded,
     closed_port_url,
-    long_run,
-    commit_chain,
-    object_key,
     files_under,
 )
 

@@ -36,9 +36,7 @@ from caravanserai.runs import read_events
 from caravanserai.testing import ScriptedModel
 from conftest import kill9
 
-from durable_helpers import (  # noqa: F401
-    PYTHON,
-    CHILD,
+from durable_helpers import (
     kids,
     QUESTION,
     ANSWER,
@@ -49,11 +47,9 @@ from durable_helpers import (  # noqa: F401
     events_of,
     types_of,
     spawn,
-    child_stderr,
     wait_until,
     journal_has,
     crash_by_itself,
-    rewrite_journal,
     tool_messages,
     SEED_FIELDS,
 )

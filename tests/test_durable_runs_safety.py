@@ -37,9 +37,8 @@ from caravanserai.runs import read_events
 from caravanserai.testing import ScriptedModel
 from conftest import kill9
 
-from durable_helpers import (  # noqa: F401
+from durable_helpers import (
     PYTHON,
-    CHILD,
     kids,
     QUESTION,
     ANSWER,
@@ -50,13 +49,10 @@ from durable_helpers import (  # noqa: F401
     events_of,
     types_of,
     spawn,
-    child_stderr,
     wait_until,
-    journal_has,
     crash_by_itself,
     rewrite_journal,
     tool_messages,
-    SEED_FIELDS,
 )
 
 

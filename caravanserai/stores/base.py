@@ -10,6 +10,7 @@ write-once. Stores move lines and bytes; numbering and hash-chaining live in
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from abc import ABC, abstractmethod
@@ -179,7 +180,8 @@ class Store(ABC):
             return None
         from datetime import datetime
 
-        return datetime.fromisoformat(journal.decode(run_id, lines)[0][-1]["at"]).timestamp()
+        # only the last event's time is needed: read that line, not the whole journal
+        return datetime.fromisoformat(json.loads(lines[-1])["at"]).timestamp()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
