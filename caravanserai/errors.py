@@ -34,7 +34,14 @@ The tree::
     ├── ObjectLeaseTtlInvalid         (durable_object_lease_ttl_invalid) lease_ttl_ms below 3000
     ├── CheckpointFormatError         (checkpoint_format)     not a checkpoint this version can read
     ├── CheckpointCorruptionError     (checkpoint_corruption) damaged checkpoint bytes, or an id that does not match
-    └── ModelError                    (model_error)           the model server failed (unreachable, status, body)
+    ├── ModelError                    (model_error)           the model server failed (unreachable, status, body)
+    ├── UsageError                    (usage_error)           bad arguments to a command or magic (CLI exit 2)
+    ├── InvalidStoreUrl               (invalid_store_url)     a store URL or option this version does not understand
+    ├── StoreFull                     (store_full)            the disk or a file-size limit is full; nothing half-written
+    ├── UntrustedPickle               (untrusted_pickle)      a pickled value from a store not trusted for pickle
+    ├── ClassNotAllowed               (class_not_allowed)     a saved value names a class not defined here nor allowed
+    ├── UnknownNode                   (unknown_node)          a checkpoint has no node with that id
+    └── AmbiguousId                   (ambiguous_id)          an id prefix matches more than one id
 
 Messages are one line naming the problem and the remedy. Errors carry their fields as
 attributes (``err.run_id``...), compare by ``code`` and survive pickling (they cross process
@@ -47,11 +54,13 @@ from typing import Any
 
 __all__ = [
     "AgentMismatch",
+    "AmbiguousId",
     "BudgetChanged",
     "BudgetExceeded",
     "CaravanseraiError",
     "CheckpointCorruptionError",
     "CheckpointFormatError",
+    "ClassNotAllowed",
     "ConversationMismatch",
     "DefinitionChanged",
     "DurableOptionConflict",
@@ -61,6 +70,7 @@ __all__ = [
     "IdentityMismatch",
     "InputMismatch",
     "InvalidRunId",
+    "InvalidStoreUrl",
     "ItemsChanged",
     "JournalCorruptionError",
     "LeaseLost",
@@ -75,10 +85,14 @@ __all__ = [
     "RunNotFound",
     "SerializationError",
     "SessionMismatch",
+    "StoreFull",
     "StoreUnavailable",
     "ToolEffectUncertain",
     "ToolFailed",
+    "UnknownNode",
     "UnknownStoreScheme",
+    "UntrustedPickle",
+    "UsageError",
 ]
 
 
@@ -254,3 +268,34 @@ class HttpTokenRequired(CaravanseraiError, ValueError):
 
 class HttpUnauthorized(CaravanseraiError, PermissionError):
     code = "durable_http_unauthorized"
+
+
+class UsageError(CaravanseraiError, ValueError):
+    code = "usage_error"
+
+
+class InvalidStoreUrl(CaravanseraiError, ValueError):
+    code = "invalid_store_url"
+
+
+class StoreFull(StoreUnavailable):
+    code = "store_full"
+
+
+class UntrustedPickle(CaravanseraiError):
+    code = "untrusted_pickle"
+
+
+class ClassNotAllowed(CaravanseraiError):
+    code = "class_not_allowed"
+
+
+class UnknownNode(CaravanseraiError, KeyError):
+    code = "unknown_node"
+
+    def __str__(self) -> str:  # KeyError would otherwise repr() the message
+        return self.message
+
+
+class AmbiguousId(CaravanseraiError, ValueError):
+    code = "ambiguous_id"

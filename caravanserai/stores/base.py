@@ -167,6 +167,18 @@ class Store(ABC):
     def has_run(self, run_id: str) -> bool:
         return bool(self.load(run_id))
 
+    def private_to_user(self) -> bool:
+        """True when only this user can have written the store (pickled values may be loaded from it).
+
+        The local store created by this user with mode 0o700 is; shared stores (SQL, object, HTTP)
+        are not, whatever their credentials: another writer could have planted a pickle there.
+        """
+        return False
+
+    def torn_tail(self, run_id: str) -> int:
+        """Bytes after the journal's last complete line (a crash mid-append); 0 where appends are atomic."""
+        return 0
+
     def committed(self, run_id: str, events: Sequence[dict]) -> None:
         """Hook called after an acknowledged append; the local store renders its views here."""
 
