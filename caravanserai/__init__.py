@@ -13,11 +13,13 @@ from .calls import current_idempotency_key, settle
 from .durable_agent import DurableAgent
 from .errors import (
     AgentMismatch,
+    AmbiguousId,
     BudgetChanged,
     BudgetExceeded,
     CaravanseraiError,
     CheckpointCorruptionError,
     CheckpointFormatError,
+    ClassNotAllowed,
     ConversationMismatch,
     DefinitionChanged,
     DurableOptionConflict,
@@ -27,6 +29,7 @@ from .errors import (
     IdentityMismatch,
     InputMismatch,
     InvalidRunId,
+    InvalidStoreUrl,
     ItemsChanged,
     JournalCorruptionError,
     LeaseLost,
@@ -41,29 +44,37 @@ from .errors import (
     RunNotFound,
     SerializationError,
     SessionMismatch,
+    StoreFull,
     StoreUnavailable,
     ToolEffectUncertain,
     ToolFailed,
+    UnknownNode,
     UnknownStoreScheme,
+    UntrustedPickle,
+    UsageError,
 )
 from .iterate import resumable_iterate
 from .ledger import Budget, Receipt
 from .models import Model, ModelResponse, OpenAICompatibleModel, auto
+from .namespace import trust_store
 from .openai_client import durable_client
 from .runs import Run, Waypoint, current_run, durable
 from .stores import LocalDirectoryStore, LocalStore, MemoryStore, ObjectStore, Store, open_store
 from .summary import input_is_replayable, run_summary
+from .values import allow_class
 from .waypoints import checkpoint, clean, complete, history, last_updated, load_command, load_latest, resumable
 
 __all__ = [
     "Agent",
     "AgentMismatch",
+    "AmbiguousId",
     "Budget",
     "BudgetChanged",
     "BudgetExceeded",
     "CaravanseraiError",
     "CheckpointCorruptionError",
     "CheckpointFormatError",
+    "ClassNotAllowed",
     "ConversationMismatch",
     "DefinitionChanged",
     "DiskDurableStore",
@@ -76,6 +87,7 @@ __all__ = [
     "IdentityMismatch",
     "InputMismatch",
     "InvalidRunId",
+    "InvalidStoreUrl",
     "ItemsChanged",
     "JournalCorruptionError",
     "LeaseLost",
@@ -101,13 +113,18 @@ __all__ = [
     "SerializationError",
     "SessionMismatch",
     "Store",
+    "StoreFull",
     "StoreUnavailable",
     "Tool",
     "ToolEffectUncertain",
     "ToolFailed",
+    "UnknownNode",
     "UnknownStoreScheme",
+    "UntrustedPickle",
+    "UsageError",
     "Waypoint",
     "agent",
+    "allow_class",
     "auto",
     "checkpoint",
     "clean",
@@ -129,6 +146,7 @@ __all__ = [
     "run_summary",
     "settle",
     "tool",
+    "trust_store",
     "unload_ipython_extension",
     "__version__",
 ]

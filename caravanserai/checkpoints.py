@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections import OrderedDict
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Sequence
 
 from . import ckpt_format as fmt
-from .ckpt_format import CheckpointCorruptionError, CheckpointFormatError, checkpoint_id
-from .durable_agent import DurableAgent
-from .errors import ObjectNotFound, RunLocked
+from .ckpt_format import CheckpointCorruptionError, CheckpointFormatError, checkpoint_id, corrupt, is_count, short
+from .durable_agent import DurableAgent, decode_checkpoint, step_id, validate_header
+from .errors import AmbiguousId, InvalidRunId, ObjectNotFound, RunLocked, UsageError
 from .stores.base import ObjectStore, Store
 from .stores.local import LocalDirectoryStore
 from .stores.memory import MemoryObjects, _Space
@@ -38,10 +39,14 @@ __all__ = [
     "LocalDirectoryStore",
     "MemoryCheckpointStore",
     "S3Store",
+    "log_status",
 ]
 
 CheckpointStore = ObjectStore
 DELTA_FORMAT = "caravanserai.delta"
+MIN_PREFIX = 4  # hex characters a checkpoint id prefix needs (`caravanserai lineage` prints 12)
+_HEX_ID = re.compile(r"[0-9a-f]{64}")
+_DELTA_FIELDS = {"format", "base", "header", "values_set", "values_removed", "kv_removed"}
 
 
 class MemoryCheckpointStore(MemoryObjects):
@@ -105,6 +110,69 @@ class CheckpointRecord:
     def to_json(self) -> bytes:
         return fmt.canonical_json(asdict(self))
 
+    @classmethod
+    def parse(cls, raw: bytes, cid: str, run_id: str) -> "CheckpointRecord":
+        """The record stored under ``cid`` in ``run_id``'s log, every field checked (CheckpointCorruptionError)."""
+        what = f"the record of checkpoint {cid[:12]} (run {run_id})"
+        try:
+            doc = json.loads(bytes(raw).decode("utf-8"))
+        except (ValueError, RecursionError):
+            corrupt(what, "it is not JSON", checkpoint=cid)
+        if not isinstance(doc, dict) or set(doc) != _RECORD_FIELDS:
+            corrupt(what, f"its fields are not {', '.join(sorted(_RECORD_FIELDS))}", checkpoint=cid)
+        problem = _record_problem(doc, cid, run_id)
+        if problem:
+            corrupt(what, problem, checkpoint=cid)
+        return cls(**doc)
+
+
+_RECORD_FIELDS = {f.name for f in fields(CheckpointRecord)}
+
+
+def _record_problem(doc: dict[str, Any], cid: str, run_id: str) -> str | None:
+    """What is wrong with a record's fields (None if nothing): types, and the links between them."""
+    if doc["id"] != cid:
+        return f"its id {short(doc['id'])} is not the id it is stored under"
+    if doc["run_id"] != run_id:
+        return f"its run_id {short(doc['run_id'])} is not the run whose log holds it"
+    for name in ("parent", "base"):
+        if doc[name] is not None and not _is_id(doc[name]):
+            return f"its {name} {short(doc[name])} is not a checkpoint id"
+    if doc["parent_run"] is not None and not _is_run_id(doc["parent_run"]):
+        return f"its parent_run {short(doc['parent_run'])} is not a run id"
+    if doc["step"] is not None and not is_count(doc["step"]):
+        return f"its step {short(doc['step'])} is not a whole number"
+    for name in ("depth", "stored_bytes", "checkpoint_bytes"):
+        if not is_count(doc[name]):
+            return f"its {name} {short(doc[name])} is not a whole number"
+    if doc["kind"] not in ("full", "delta"):
+        return f"its kind {short(doc['kind'])} is neither full nor delta"
+    if doc["base"] is None and (doc["kind"] != "full" or doc["depth"] != 0):
+        return "it is stored in full but does not say kind full, depth 0"
+    if doc["base"] is not None and (doc["kind"] != "delta" or doc["depth"] < 1 or doc["base"] != doc["parent"]
+                                    or doc["parent_run"] is not None):
+        return "it is stored as a delta but its kind, depth or parent do not say so"
+    fork = doc["fork"]
+    if fork is not None and not (isinstance(fork, dict) and set(fork) == {"node_id", "value", "source"}
+                                 and isinstance(fork["node_id"], str) and _is_id(fork["source"])
+                                 and not fmt.too_deep(fork["value"])):
+        return "its fork is not {node_id, value, source}"
+    return None
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, str) and _HEX_ID.fullmatch(value) is not None
+
+
+def _is_run_id(value: Any) -> bool:
+    from .ids import validate_run_id
+
+    try:
+        validate_run_id(value)
+    except InvalidRunId:
+        return False
+    return True
+
 
 # ---- deltas ---------------------------------------------------------------------------------
 def make_delta(parent: fmt.CheckpointData, child: fmt.CheckpointData, parent_id: str) -> bytes:
@@ -122,12 +190,32 @@ def make_delta(parent: fmt.CheckpointData, child: fmt.CheckpointData, parent_id:
     return fmt.encode(fmt.CheckpointData(header, kv, fmt.DELTA))
 
 
+def check_delta(delta: fmt.CheckpointData, base: str, what: str) -> None:
+    """A stored delta must be exactly what ``make_delta`` writes, against ``base``: CheckpointCorruptionError otherwise."""
+    header = delta.header
+    if delta.kind != fmt.DELTA or set(header) != _DELTA_FIELDS or header["format"] != DELTA_FORMAT:
+        corrupt(what, "it is not a CheckpointLog delta")
+    if header["base"] != base:
+        corrupt(what, "it is a delta against another checkpoint than its record names")
+    changed = header["header"]
+    if not isinstance(changed, dict) or "values" in changed or "kv_index" in changed:
+        corrupt(what, "its changed header fields are not an object of header fields")
+    if not isinstance(header["values_set"], dict):
+        corrupt(what, "its values_set is not an object")
+    for name in ("values_removed", "kv_removed"):
+        removed = header[name]
+        if not (isinstance(removed, list) and all(isinstance(k, str) for k in removed)):
+            corrupt(what, f"its {name} is not a list of node ids")
+
+
 def apply_delta(parent: fmt.CheckpointData, delta: fmt.CheckpointData) -> fmt.CheckpointData:
+    """``parent`` with ``delta`` applied (both already checked: a validated full checkpoint and ``check_delta``)."""
     header = {**parent.header, **delta.header["header"]}
-    values = {k: v for k, v in parent.header.get("values", {}).items() if k not in delta.header["values_removed"]}
+    removed_values, removed_kv = set(delta.header["values_removed"]), set(delta.header["kv_removed"])
+    values = {k: v for k, v in parent.header.get("values", {}).items() if k not in removed_values}
     values.update(delta.header["values_set"])
     header["values"] = values
-    kv = {k: v for k, v in parent.kv.items() if k not in delta.header["kv_removed"]}
+    kv = {k: v for k, v in parent.kv.items() if k not in removed_kv}
     kv.update(delta.kv)
     return fmt.CheckpointData(header, kv)
 
@@ -163,23 +251,50 @@ class CheckpointLog:
     def _record_key(self, cid: str, run_id: str | None = None) -> str:
         return f"{self.prefix}{run_id or self.run_id}/records/{cid}.json"
 
+    # ---- ids -----------------------------------------------------------------------------
+    def resolve(self, id_or_prefix: str) -> str:
+        """The full id of the checkpoint ``id_or_prefix`` names in this log.
+
+        A full 64-hex id passes through unchecked (``load``/``record`` then say if it is absent); a
+        prefix of at least ``MIN_PREFIX`` hex characters (such as the 12 ``caravanserai lineage``
+        prints) must match exactly one record: ``AmbiguousId`` listing the matches if it matches
+        several, ``ObjectNotFound`` if none.
+        """
+        return self._resolve(id_or_prefix, self.run_id)
+
+    def _resolve(self, id_or_prefix: Any, run_id: str) -> str:
+        text = _id_prefix(id_or_prefix, run_id)
+        if len(text) == 64:
+            return text
+        keys = self.objects.list(f"{self.prefix}{run_id}/records/{text}")
+        found = sorted({cid for cid in (_id_of_record_key(k) for k in keys) if cid})
+        if not found:
+            raise _not_found(id_or_prefix, run_id)
+        if len(found) > 1:
+            raise _ambiguous(text, found, f"the log of run {run_id!r}")
+        return found[0]
+
     # ---- writing -------------------------------------------------------------------------
     def commit(self, ckpt: bytes, parent: str | None = None, step: int | None = None, *,
                fork: dict | None = None, parent_run: str | None = None) -> str:
         """Store ``ckpt`` (as a delta against ``parent`` where the chain allows); returns its id.
 
-        Committing a checkpoint that already exists is a no-op; records are written last, so a
-        record never points at a missing object.
+        ``ckpt`` is checked in full first (``CheckpointCorruptionError`` for a malformed one),
+        so nothing is written for bad input. Committing a checkpoint that already exists is a
+        no-op; records are written last, so a record never points at a missing object.
         """
+        data = decode_checkpoint(ckpt)
         ckpt = bytes(ckpt)
+        if step is not None and not is_count(step):
+            raise UsageError(f"commit() takes step as a whole number >= 0 or None, got {short(step)}")
+        if parent_run is not None and not (_is_run_id(parent_run) and _is_id(parent)):
+            raise UsageError("commit() with parent_run= needs the full id of a checkpoint of that run as parent=")
         cid = checkpoint_id(ckpt)
         if self.objects.exists(self._record_key(cid)):
             return cid
-        data = fmt.decode(ckpt)
-        if data.kind != fmt.FULL:
-            raise CheckpointFormatError("commit() takes a full checkpoint (the bytes DurableAgent returns)")
         base, depth, blob = None, 0, ckpt
         if parent is not None and parent_run is None:
+            parent = self.resolve(parent)
             parent_record = self.record(parent)
             if parent_record.depth + 1 <= self.max_chain:
                 base, depth = parent, parent_record.depth + 1
@@ -190,18 +305,23 @@ class CheckpointLog:
         written = self.objects.put_if_absent(self._record_key(cid), record.to_json())
         self._remember(cid, data)
         if written:
+            steps, values = data.header["steps"], data.header["values"]
             self._journal({"type": "checkpoint_committed", "checkpoint_id": cid, "parent": parent, "step": step,
                            "kind": record.kind, "depth": depth, "stored_bytes": record.stored_bytes,
-                           "checkpoint_bytes": record.checkpoint_bytes, **({"fork": fork} if fork else {})})
+                           "checkpoint_bytes": record.checkpoint_bytes, "steps": steps,
+                           "steps_done": sum(1 for i in range(steps) if step_id(i) in values),
+                           **({"fork": fork} if fork else {})})
         return cid
 
     def fork(self, checkpoint: str, node_id: str, value: Any, *, new_run_id: str | None = None) -> str:
-        """Commit a copy of ``checkpoint`` with ``node_id`` set to ``value``; returns the new id.
+        """Commit a copy of ``checkpoint`` (an id or a unique prefix) with ``node_id`` set to ``value``; returns the new id.
 
         The record names the source as parent and the edit in ``record.fork``. With
         ``new_run_id`` the fork starts a new run (its own log and journal, naming the parent run
-        and checkpoint), and the source run's journal gets a ``forked`` event.
+        and checkpoint), and the source run's journal gets a ``forked`` event. Every check
+        (unknown node, a value of the wrong type, a damaged source) runs before anything is written.
         """
+        checkpoint = self.resolve(checkpoint)
         source = self.record(checkpoint)
         forked = DurableAgent.fork(self.load(checkpoint), node_id, value)
         edit = {"node_id": node_id, "value": value, "source": checkpoint}
@@ -219,18 +339,28 @@ class CheckpointLog:
 
     # ---- reading -------------------------------------------------------------------------
     def record(self, checkpoint: str, run_id: str | None = None) -> CheckpointRecord:
+        """The record of ``checkpoint`` (an id or a unique prefix) in this log, or in ``run_id``'s."""
+        from .ids import validate_run_id
+
+        run = validate_run_id(run_id) if run_id is not None else self.run_id
+        return self._read_record(self._resolve(checkpoint, run), run)
+
+    def _read_record(self, cid: str, run_id: str | None = None, *, named_by: str | None = None) -> CheckpointRecord:
+        """Read and check one record. Missing: not found if the user asked for it, corruption if
+        another record (``named_by``) links to it."""
+        run = run_id or self.run_id
         try:
-            raw = self.objects.get(self._record_key(checkpoint, run_id))
+            raw = self.objects.get(self._record_key(cid, run))
         except ObjectNotFound:
-            raise ObjectNotFound(f"no checkpoint {checkpoint!r} in the log of run {run_id or self.run_id!r}; "
-                                 "check the id (caravanserai lineage RUN lists them)", key=checkpoint) from None
-        try:
-            return CheckpointRecord(**json.loads(raw))
-        except (ValueError, TypeError) as exc:
-            raise CheckpointCorruptionError(f"the record of checkpoint {checkpoint!r} is damaged ({exc})") from None
+            if named_by is None:
+                raise _not_found(cid, run) from None
+            corrupt(f"the log of run {run!r}", f"{named_by} names checkpoint {cid[:12]}, which has no record",
+                    fix="restore the missing record or commit that checkpoint again", checkpoint=cid)
+        return CheckpointRecord.parse(raw, cid, run)
 
     def load(self, checkpoint: str) -> bytes:
-        """The full checkpoint, rebuilt from its delta chain and verified against its id."""
+        """The full checkpoint (an id or a unique prefix), rebuilt from its delta chain and verified against its id."""
+        checkpoint = self.resolve(checkpoint)
         blob = fmt.encode(self._load_data(checkpoint))
         if checkpoint_id(blob) != checkpoint:  # also when it came from the cache
             raise CheckpointCorruptionError(f"checkpoint {checkpoint} rebuilt from the log does not match its id "
@@ -242,36 +372,53 @@ class CheckpointLog:
         if cached is not None:
             self._cache.move_to_end(checkpoint)
             return cached
-        chain: list[CheckpointRecord] = []
-        cid: str | None = checkpoint
-        while cid is not None and cid not in self._cache:
-            rec = self.record(cid)
-            chain.append(rec)
-            cid = rec.base
-            if len(chain) > self.max_chain + 1:
-                raise CheckpointCorruptionError(f"checkpoint {checkpoint}'s delta chain is longer than max_chain")
-        data = self._cache[cid] if cid is not None else None
+        chain = self._chain(checkpoint)
+        data = self._cache.get(chain[-1].base) if chain[-1].base is not None else None
         for rec in reversed(chain):
-            what = f"stored object of checkpoint {rec.id}"
-            try:
-                stored = fmt.decode(self.objects.get(self._object_key(rec.id, rec.base)), what=what)
-            except ObjectNotFound:
-                raise CheckpointCorruptionError(f"{what} is missing from the store", checkpoint=rec.id) from None
-            except CheckpointFormatError as exc:  # a stored object was written by us: unreadable means damaged
-                raise CheckpointCorruptionError(f"{what} is damaged ({exc.message})", checkpoint=rec.id) from None
-            if rec.base is None:
-                data = stored
-            else:
-                if stored.header.get("format") != DELTA_FORMAT or stored.header.get("base") != rec.base:
-                    raise CheckpointCorruptionError(f"{what} is not the delta its record describes", checkpoint=rec.id)
-                data = apply_delta(data, stored)
+            data = self._apply_object(rec, data)
         # Each stored object carries its own digest (checked by decode); the rebuilt checkpoint is
         # verified against its id once, at the end of the chain, not at every link.
         if checkpoint_id(fmt.encode(data)) != checkpoint:
-            raise CheckpointCorruptionError(f"checkpoint {checkpoint} rebuilt from the log does not match its id",
-                                            checkpoint=checkpoint)
+            raise CheckpointCorruptionError(f"checkpoint {checkpoint} rebuilt from the log does not match its id "
+                                            "(a stored object or record was altered)", checkpoint=checkpoint)
+        if chain[0].base is not None:  # rebuilt from deltas: check the result as a whole too
+            validate_header(data, f"checkpoint {checkpoint}")
         self._remember(checkpoint, data)
         return data
+
+    def _chain(self, checkpoint: str) -> list[CheckpointRecord]:
+        """Records from ``checkpoint`` back along delta bases to a full one (or a cached one).
+
+        Each base is one link shallower (``depth`` falls by exactly 1), so the walk ends at depth 0
+        and a cycle is impossible; a link that breaks this is corruption.
+        """
+        rec = self._read_record(checkpoint)
+        chain = [rec]
+        while rec.base is not None and rec.base not in self._cache:
+            base = self._read_record(rec.base, named_by=f"the delta base of checkpoint {rec.id[:12]}")
+            if base.depth != rec.depth - 1:
+                corrupt(f"the record of checkpoint {rec.id[:12]}", f"its depth {rec.depth} does not follow its "
+                        f"base's depth {base.depth}", checkpoint=rec.id)
+            rec = base
+            chain.append(rec)
+        return chain
+
+    def _apply_object(self, rec: CheckpointRecord, data: fmt.CheckpointData | None) -> fmt.CheckpointData:
+        """Read ``rec``'s stored object; a full one is the checkpoint, a delta is applied to ``data``."""
+        what = f"stored object of checkpoint {rec.id}"
+        try:
+            stored = fmt.decode(self.objects.get(self._object_key(rec.id, rec.base)), what=what)
+        except ObjectNotFound:
+            raise CheckpointCorruptionError(f"{what} is missing from the store", checkpoint=rec.id) from None
+        except CheckpointFormatError as exc:  # a stored object was written by us: unreadable means damaged
+            raise CheckpointCorruptionError(f"{what} is damaged ({exc.message})", checkpoint=rec.id) from None
+        if rec.base is None:
+            if stored.kind != fmt.FULL:
+                corrupt(what, "its record says full but it is a delta", checkpoint=rec.id)
+            validate_header(stored, what)
+            return stored
+        check_delta(stored, rec.base, what)
+        return apply_delta(data, stored)
 
     def _remember(self, cid: str, data: fmt.CheckpointData) -> None:
         self._cache[cid] = data
@@ -282,17 +429,24 @@ class CheckpointLog:
     def manifest(self) -> list[CheckpointRecord]:
         """Every record of the log (step order, then id)."""
         keys = self.objects.list(f"{self.prefix}{self.run_id}/records/")
-        records = [self.record(k.rsplit("/", 1)[1].removesuffix(".json")) for k in keys]
+        records = []
+        for cid in filter(None, map(_id_of_record_key, keys)):  # a stray file that names no id is no record
+            records.append(self._read_record(cid, named_by="the log's record listing"))
         return sorted(records, key=lambda r: (r.step if r.step is not None else -1, r.id))
 
     def lineage(self, checkpoint: str) -> list[CheckpointRecord]:
-        """Records from the root to ``checkpoint``, following parents (across a forked run's origin)."""
-        out: list[CheckpointRecord] = []
-        cid, run = checkpoint, self.run_id
-        while cid is not None:
-            rec = self.record(cid, run)
-            out.append(rec)
+        """Records from the root to ``checkpoint`` (an id or a unique prefix), following parents
+        (across a forked run's origin). A parent that is missing, or a cycle, is corruption."""
+        cid, run = self.resolve(checkpoint), self.run_id
+        rec = self._read_record(cid, run)
+        out, seen = [rec], {(run, cid)}
+        while rec.parent is not None:
             cid, run = rec.parent, rec.parent_run or run
+            if (run, cid) in seen:
+                corrupt(f"the log of run {self.run_id!r}", f"the parents of checkpoint {rec.id[:12]} form a cycle")
+            seen.add((run, cid))
+            rec = self._read_record(cid, run, named_by=f"the parent link of checkpoint {rec.id[:12]}")
+            out.append(rec)
         return list(reversed(out))
 
     def heads(self) -> list[str]:
@@ -306,6 +460,84 @@ class CheckpointLog:
         if self.store is None:
             return
         append_event(self.store, self.run_id, event, started={"forked_from": forked_from} if forked_from else None)
+
+
+def _id_prefix(id_or_prefix: Any, run_id: str | None = None) -> str:
+    """``id_or_prefix`` lower-cased, checked to be hex of a usable length (not found / UsageError otherwise)."""
+    if not isinstance(id_or_prefix, str):
+        raise UsageError(f"a checkpoint id is a str of hex digits, got {type(id_or_prefix).__name__}")
+    text = id_or_prefix.strip().lower()
+    if not text or len(text) > 64 or any(c not in "0123456789abcdef" for c in text):
+        raise _not_found(id_or_prefix, run_id)
+    if len(text) < MIN_PREFIX:
+        raise UsageError(f"checkpoint id prefix {text!r} is too short: give at least {MIN_PREFIX} hex characters"
+                         + (f" (caravanserai lineage {run_id} lists the ids)" if run_id else ""))
+    return text
+
+
+def _id_of_record_key(key: str) -> str | None:
+    """The checkpoint id a record key names (``.../records/<id>.json``), or None for a stray key."""
+    name = key.rsplit("/", 1)[-1]
+    cid = name.removesuffix(".json")
+    return cid if name.endswith(".json") and _is_id(cid) else None
+
+
+def _not_found(checkpoint: Any, run_id: str | None) -> ObjectNotFound:
+    where = f"the log of run {run_id!r}" if run_id else "this store"
+    how = f"caravanserai lineage {run_id}" if run_id else "caravanserai lineage RUN"
+    return ObjectNotFound(f"no checkpoint {short(checkpoint)} in {where}; check the id ({how} lists them)",
+                          key=short(checkpoint))
+
+
+def _ambiguous(prefix: str, matches: Sequence[str], where: str) -> AmbiguousId:
+    width = max(12, len(prefix) + 4)
+    shown = ", ".join(m[:width] for m in matches[:5]) + (f" and {len(matches) - 5} more" if len(matches) > 5 else "")
+    return AmbiguousId(f"checkpoint id prefix {prefix!r} matches {len(matches)} checkpoints in {where} ({shown}); "
+                       "give more characters", prefix=prefix, matches=list(matches[:20]))
+
+
+def find_checkpoint(store: Any, id_or_prefix: str, prefix: str = "checkpoints/") -> tuple[str, str]:
+    """``(run_id, checkpoint id)`` of the checkpoint an id or unique prefix names anywhere in ``store``."""
+    text = _id_prefix(id_or_prefix)
+    objects = store.objects if isinstance(store, Store) else store
+    found: dict[str, str] = {}
+    for key in objects.list(prefix):
+        parts = key[len(prefix):].split("/")
+        if len(parts) == 3 and parts[1] == "records" and parts[2].startswith(text):
+            cid = _id_of_record_key(key)
+            if cid is not None:
+                found.setdefault(cid, parts[0])
+    if not found:
+        raise _not_found(id_or_prefix, None)
+    if len(found) > 1:
+        raise _ambiguous(text, sorted(found), "this store")
+    ((cid, run_id),) = found.items()
+    return run_id, cid
+
+
+def log_status(events: Sequence[dict]) -> dict[str, Any] | None:
+    """Where a run's checkpoint log stands, from its journal events alone (pure; never raises on old events).
+
+    None for a run with no ``checkpoint_committed`` event; else ``{"checkpoints", "steps",
+    "steps_done", "status", "latest"}``: status is ``completed`` when the newest committed
+    checkpoint has every step done, else ``pending``. Events from journals written before
+    ``steps``/``steps_done`` were recorded give what they can: ``steps_done`` from the committed
+    step index (+1), ``steps`` from any event that has it, else None (and status ``pending``).
+    """
+    committed = [e for e in events if isinstance(e, dict) and e.get("type") == "checkpoint_committed"]
+    if not committed:
+        return None
+    newest = committed[-1]
+    steps = newest.get("steps") if is_count(newest.get("steps")) else None
+    if steps is None:
+        steps = next((e["steps"] for e in reversed(committed) if is_count(e.get("steps"))), None)
+    done = newest.get("steps_done")
+    if not is_count(done):
+        done = newest["step"] + 1 if is_count(newest.get("step")) else None
+    latest = newest.get("checkpoint_id")
+    return {"checkpoints": len(committed), "steps": steps, "steps_done": done,
+            "status": "completed" if steps is not None and done is not None and done >= steps > 0 else "pending",
+            "latest": latest if isinstance(latest, str) else None}
 
 
 def append_event(store: Store, run_id: str, event: dict, *, started: dict | None = None, tries: int = 200) -> None:
@@ -337,16 +569,15 @@ def append_event(store: Store, run_id: str, event: dict, *, started: dict | None
 
 
 def checkpoint_from_file_or_log(target: str, store: Any = None, run_id: str | None = None) -> bytes:
-    """Bytes of a checkpoint given as a file path, or as an id found in a run's log (CLI helper)."""
+    """Bytes of a checkpoint given as a file path, or as an id or unique id prefix found in a run's
+    log (``run_id``) or anywhere in ``store`` (CLI helper)."""
     if os.path.isfile(target):
         with open(target, "rb") as handle:
             return handle.read()
-    if store is None:
-        raise ObjectNotFound(f"{target!r} is neither a checkpoint file nor an id (give --run to look it up)", key=target)
+    text = target.strip().lower() if isinstance(target, str) else ""
+    if store is None or not text or any(c not in "0123456789abcdef" for c in text):
+        raise ObjectNotFound(f"{short(target)} is neither a checkpoint file nor a checkpoint id; give a file path "
+                             "or an id (caravanserai lineage RUN lists them)", key=short(target))
     if run_id is None:
-        objects = store.objects if isinstance(store, Store) else store
-        hits = [k for k in objects.list("checkpoints/") if k.endswith(f"/records/{target}.json")]
-        if not hits:
-            raise ObjectNotFound(f"no checkpoint {target!r} in {store!r}", key=target)
-        run_id = hits[0].split("/")[1]
+        run_id, target = find_checkpoint(store, target)
     return CheckpointLog(store, run_id).load(target)

@@ -14,10 +14,10 @@ import shlex
 import subprocess
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 from ._version import __version__
-from .errors import CaravanseraiError, ResumeError, RunNotFound
+from .errors import CaravanseraiError, ResumeError, RunNotFound, UsageError
 from .calls import settle
 from .ledger import Ledger
 from .runs import read_events, require_events
@@ -33,27 +33,39 @@ def summarize(run_id: str, events: Sequence[dict]) -> dict[str, Any]:
     """What a person wants to know about a run, from its events alone."""
     waypoints = [e for e in events if e["type"] == "waypoint"]
     last = next((e for e in reversed(waypoints) if "state" in e), None)
-    status = run_summary(events)["status"]
+    summary = run_summary(events)
+    status = summary["status"]
     progress: dict[int, int] = {}
     for event in events:
         if event["type"] == "progress":
             progress[event.get("loop", 0)] = event.get("done", 0)
     started = events[0] if events else {}
+    attempts = sum(1 for e in events if e["type"] in ("run_started", "attempt"))
+    if status == "pending" and started.get("imported_from") and attempts == 1:
+        status = "unknown"  # 0.2.0 never recorded whether a run finished
+    checkpoints = None
+    if any(e["type"] == "checkpoint_committed" for e in events):
+        from .checkpoints import log_status
+
+        checkpoints = log_status(events)
+        if checkpoints is not None and status == "pending":
+            status = checkpoints["status"]  # a DurableAgent run: done when its newest checkpoint ran every step
     return {
         "run_id": run_id,
         "status": status,
-        "attempts": sum(1 for e in events if e["type"] in ("run_started", "attempt")),
-        "waypoints": last["n"] if last else 0,
+        "attempts": attempts,
+        "waypoints": waypoints[-1].get("n", 0) if waypoints else 0,
         "latest": None if last is None else {"n": last["n"], "note": last.get("note", ""), "state": last["state"], "at": last["at"]},
         "items_done": progress,
+        "checkpoints": checkpoints,
         "started_at": started.get("at"),
         "updated_at": events[-1]["at"] if events else None,
         "command": started.get("command"),
         "cwd": started.get("cwd"),
         "imported_from": started.get("imported_from"),
         "events": len(events),
-        "receipt": Ledger(run_id, events, max(1, sum(1 for e in events if e["type"] in ("run_started", "attempt")))).receipt().to_dict(),
-        "summary": run_summary(events),
+        "receipt": Ledger(run_id, events, max(1, attempts)).receipt().to_dict(),
+        "summary": summary,
     }
 
 
@@ -75,18 +87,31 @@ def cmd_list(args: argparse.Namespace) -> int:
     store = open_store(args.store)
     rows = []
     for run_id in store.list():
-        summary = summarize(run_id, read_events(run_id, store))
+        try:
+            row = summarize(run_id, read_events(run_id, store))
+        except CaravanseraiError as exc:  # one damaged run must not hide the others
+            row = {"run_id": run_id, "status": "damaged", "error": {"code": exc.code, "message": exc.message}}
         updated = store.last_updated(run_id)
-        summary["age_seconds"] = None if updated is None else round(time.time() - updated, 3)
-        rows.append(summary)
+        row["age_seconds"] = None if updated is None else round(time.time() - updated, 3)
+        rows.append(row)
     if args.json:
         _print_json([{k: v for k, v in row.items() if k != "latest"} for row in rows])
         return 0
     if not rows:
         print("no runs yet")
     for row in rows:
-        print(f"{row['run_id']}\t{row['waypoints']} waypoint(s)\t{_age(row['age_seconds'])}\t{row['status']}")
+        print(f"{row['run_id']}\t{_progress(row)}\t{_age(row['age_seconds'])}\t{row['status']}")
     return 0
+
+
+def _progress(row: dict) -> str:
+    """The list's second column: waypoints, or steps for a DurableAgent run, or what is damaged."""
+    if row["status"] == "damaged":
+        return row["error"]["message"]
+    checkpoints = row.get("checkpoints")
+    if checkpoints and not row["waypoints"]:
+        return f"{checkpoints['checkpoints']} checkpoint(s), step {checkpoints['steps_done']}/{checkpoints['steps']}"
+    return f"{row['waypoints']} waypoint(s)"
 
 
 def _format_waypoint(event: dict) -> str:
@@ -115,17 +140,17 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(_format_waypoint(next(e for e in reversed(waypoints) if "state" in e)))
     for loop, done in sorted(summary["items_done"].items()):
         print(f"\nitems done: {done} (resumable_iterate loop {loop})")
-    committed = [e for e in events if e["type"] == "checkpoint_committed"]
-    if committed:
-        last = committed[-1]
+    checkpoints = summary["checkpoints"]
+    if checkpoints:
         origin = events[0].get("forked_from")
-        print(f"checkpoints: {len(committed)} committed; latest {last['checkpoint_id'][:12]} at step {last.get('step')}"
+        print(f"checkpoints: {checkpoints['checkpoints']} committed; latest {checkpoints['latest'][:12]}, "
+              f"steps done {checkpoints['steps_done']}/{checkpoints['steps']}"
               + (f"; forked from run {origin['run_id']!r} at {origin['checkpoint_id'][:12]}" if origin else ""))
     receipt = summary["receipt"]
-    if receipt["calls"] or summary["summary"].get("agent_id"):
+    if receipt["calls"] or summary["summary"].get("agent_id") or summary["status"] == "failed":
         text = _format_run(summary)
         print(text if waypoints or summary["items_done"] else text.lstrip("\n"))
-    elif summary["latest"] is None and not summary["items_done"] and not committed:
+    elif summary["latest"] is None and not summary["items_done"] and not checkpoints:
         print(f"run {run_id!r} has no waypoints yet")
     return 0
 
@@ -139,7 +164,8 @@ def _format_run(summary: dict) -> str:
     if status["status"] == "failed":
         lines.append(f"failed: {status.get('code')}: {status.get('message')}")
     usd = f"${receipt['estimated_usd']:.6f}" + (" + unpriced calls" if receipt["unpriced"] else "")
-    lines.append(f"receipt: {len(receipt['calls'])} call(s), {receipt['tokens']} tokens, {usd} ({receipt['label']})")
+    if receipt["calls"]:
+        lines.append(f"receipt: {len(receipt['calls'])} call(s), {receipt['tokens']} tokens, {usd} ({receipt['label']})")
     return "\n".join(lines)
 
 
@@ -160,13 +186,13 @@ def cmd_journal(args: argparse.Namespace) -> int:
 
 def cmd_settle(args: argparse.Namespace) -> int:
     if (args.result is None) == (args.error is None):
-        raise ResumeError("give exactly one of --result JSON or --error TEXT")
+        raise UsageError("give exactly one of --result JSON or --error TEXT")
     result = None
     if args.result is not None:
         try:
             result = json.loads(args.result)
         except ValueError:
-            raise ResumeError(f"--result must be JSON (quote a string as '\"text\"'), got {args.result!r}") from None
+            raise UsageError(f"--result must be JSON (quote a string as '\"text\"'), got {args.result!r}") from None
     settle(args.run_id, args.call_id, result, error=args.error, store=open_store(args.store))
     print(f"settled {args.call_id} of run {args.run_id!r}; run it again to continue")
     return 0
@@ -225,7 +251,7 @@ def cmd_store_init(args: argparse.Namespace) -> int:
 
     store = open_store(args.url)
     if not isinstance(store, SqlDurableStore):
-        raise ResumeError(f"{store.url} is not a SQL store: only sqlite:// and postgresql:// stores have a schema to create")
+        raise UsageError(f"{store.url} is not a SQL store: only sqlite:// and postgresql:// stores have a schema to create")
     store.create_schema()
     print(f"created the caravanserai tables ({store.table}, {store.table}_leases, {store.table}_objects) in {store.url}")
     return 0
@@ -242,7 +268,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         try:
             events = require_events(run_id, store)
             Ledger(run_id, events, 1)  # revalidates money and token figures
-            print(f"{run_id}	ok	{len(events)} events")
+            torn = store.torn_tail(run_id)
+            note = (f" (a torn last line of {torn} bytes was dropped: a writer was killed mid-append; the next writer "
+                    "removes it)") if torn else ""
+            print(f"{run_id}\tok\t{len(events)} events{note}")
         except JournalCorruptionError as exc:
             damaged += 1
             print(f"{run_id}	DAMAGED	{exc.message}")
@@ -257,11 +286,21 @@ def cmd_clean(args: argparse.Namespace) -> int:
     return 0
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that raises ``UsageError`` (one line) instead of printing usage and exiting.
+
+    The CLI turns it into one line on stderr and exit status 2; the magics into IPython's UsageError.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = ArgumentParser(add_help=False)
     common.add_argument("--store", default=argparse.SUPPRESS, metavar="URL",
                         help=f"store URL or path (default: ${ENV_VAR} or ./.caravanserai)")
-    parser = argparse.ArgumentParser(prog="caravanserai", parents=[common],
+    parser = ArgumentParser(prog="caravanserai", parents=[common],
                                      description="Inspect and resume durable caravanserai runs.")
     parser.add_argument("--version", action="version", version=f"caravanserai {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -312,12 +351,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def run_command(argv: Sequence[str]) -> int:
+    """Parse and run one command, letting its errors propagate (the ``%caravanserai`` magic uses this)."""
     args = build_parser().parse_args(argv)
     if not hasattr(args, "store"):
         args.store = None
+    return args.func(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; errors are one line on stderr: exit 1, or 2 for bad usage."""
     try:
-        return args.func(args)
+        return run_command(sys.argv[1:] if argv is None else argv)
+    except UsageError as exc:
+        print(f"caravanserai: error: {exc.message}", file=sys.stderr)
+        return 2
     except CaravanseraiError as exc:
         print(f"caravanserai: error: {exc.message}", file=sys.stderr)
         return 1

@@ -20,13 +20,16 @@ import os
 from typing import Any, Sequence
 
 from . import ckpt_format as fmt
-from .errors import CaravanseraiError, ModelError
+from .ckpt_format import corrupt, short
+from .errors import CaravanseraiError, ModelError, SerializationError, UnknownNode, UsageError
 from .models import OpenAICompatibleModel
 
-__all__ = ["DurableAgent", "FakeBackend", "OpenAICompletionsBackend"]
+__all__ = ["DurableAgent", "FakeBackend", "OpenAICompletionsBackend", "decode_checkpoint", "validate_header"]
 
 FORMAT = "caravanserai.durable_agent"
 DEFAULT_VLLM_MODEL = "vllm/gemma4"
+BACKENDS = ("fake", "vllm")
+MAX_STEPS = 1_000_000  # a hard cap on a checkpoint's step count: bounds every loop over data read from bytes
 
 
 def prompt_id(step: int) -> str:
@@ -63,7 +66,7 @@ class FakeBackend:
         return hashlib.blake2b(f"{token}:{position}".encode(), digest_size=self.ENTRY_BYTES).digest()
 
     def generate(self, prompt: str, previous: Any) -> tuple[list[int], bytes]:
-        context = self.tokenize(prompt) + list(previous or [])
+        context = self.tokenize(prompt) + _previous_tokens(previous)
         kv = b"".join(self.kv_entry(t, i) for i, t in enumerate(context))
         state = hashlib.sha256(kv).digest()
         output: list[int] = []
@@ -103,6 +106,14 @@ class OpenAICompletionsBackend:
         self.tokens_computed += reply.usage.prompt_tokens + reply.usage.completion_tokens
         self.tokens_saved += reply.usage.cached_tokens
         return reply.text, b""
+
+
+def _previous_tokens(previous: Any) -> list[Any]:
+    """The previous step's output as context tokens: a list (token ids) as is, a str or dict by item,
+    any other scalar (a forked-in number) as one token, nothing for an empty or missing output."""
+    if not previous:
+        return []
+    return list(previous) if isinstance(previous, (list, str, dict)) else [previous]
 
 
 def _backend(name: str, model_id: str):
@@ -152,7 +163,13 @@ class DurableAgent:
     def begin(self, prompts: Sequence[str], model_id: str | None = None) -> "DurableAgent":
         """Start a run of ``prompts`` (one step each). ``VLLM_BASE_URL`` selects the server backend."""
         if not prompts or not all(isinstance(p, str) for p in prompts):
-            raise ValueError("begin() needs a non-empty list of prompt strings")
+            raise UsageError("begin() needs a non-empty list of prompt strings, e.g. begin(['plan', 'act'])")
+        if len(prompts) > MAX_STEPS:
+            raise UsageError(f"begin() got {len(prompts)} prompts; a run has at most {MAX_STEPS} steps")
+        if model_id is not None and not isinstance(model_id, str):
+            raise UsageError(f"begin() takes model_id as a str such as 'vllm/gemma4', got {type(model_id).__name__}")
+        for i, prompt in enumerate(prompts):
+            _check_json_value(prompt_id(i), prompt)  # a checkpoint must be able to hold every prompt
         use_server = bool(os.environ.get("VLLM_BASE_URL")) or (model_id or "").startswith("vllm/")
         backend = "vllm" if use_server else "fake"
         model_id = model_id or (DEFAULT_VLLM_MODEL if use_server else "fake")
@@ -207,7 +224,7 @@ class DurableAgent:
         """Load a checkpoint (bytes, or ``store``/``key``) and run it to completion; returns step outputs."""
         if ckpt is None:
             if store is None:
-                raise ValueError("resume_from() needs checkpoint bytes, or store= and key=")
+                raise UsageError("resume_from() needs checkpoint bytes, or store= and key=")
             ckpt = _objects(store).get(_key(key))
         self._load(ckpt)
         for step in range(self._header["steps"]):
@@ -221,19 +238,18 @@ class DurableAgent:
     # ---- reading and editing checkpoints without a runtime --------------------------------
     @staticmethod
     def inspect(ckpt: bytes) -> dict[str, Any]:
-        """What a checkpoint holds, read without building a backend."""
+        """What a checkpoint holds, read without building a backend (node ids count from 0)."""
         data = _decode(ckpt)
         header = data.header
-        graph = header["graph"]
-        executed = [n["id"] for n in graph if n["kind"] == "step" and n["id"] in header["values"]]
+        steps, values = header["steps"], header["values"]
         return {
-            "executed_nodes": executed,
-            "pending_nodes": [n["id"] for n in graph if n["kind"] == "step" and n["id"] not in header["values"]],
+            "executed_nodes": [step_id(i) for i in range(steps) if step_id(i) in values],
+            "pending_nodes": [step_id(i) for i in range(steps) if step_id(i) not in values],
             "checkpoint_bytes": len(ckpt),
             "checkpoint_id": fmt.checkpoint_id(bytes(ckpt)),
             "backend": header["backend"],
             "model_id": header["model_id"],
-            "steps": header["steps"],
+            "steps": steps,
             "kv_tokens": sum(len(b) for b in data.kv.values()) // FakeBackend.ENTRY_BYTES,
             "format_version": fmt.FORMAT_VERSION,
         }
@@ -246,19 +262,25 @@ class DurableAgent:
 
     @staticmethod
     def fork(ckpt: bytes, node_id: str, value: Any) -> bytes:
-        """A new checkpoint with ``node_id`` set to ``value`` and everything downstream of it undone."""
+        """A new checkpoint with ``node_id`` set to ``value`` and everything downstream of it undone.
+
+        ``UnknownNode`` if the checkpoint has no such node; ``UsageError`` for a prompt value that
+        is not a str; ``SerializationError`` for a value that is not JSON.
+        """
         data = _decode(ckpt)
         header = dict(data.header)
-        graph = header["graph"]
-        node = next((n for n in graph if n["id"] == node_id), None)
-        if node is None:
-            known = ", ".join(n["id"] for n in graph)
-            raise KeyError(f"no node {node_id!r} in this checkpoint (nodes: {known})")
-        if node["kind"] == "prompt" and not isinstance(value, str):
-            raise ValueError(f"prompt node {node_id!r} takes a str, got {type(value).__name__}")
+        steps = header["steps"]
+        where = _node_index(node_id, steps)
+        if where is None:
+            raise UnknownNode(f"no node {short(node_id)} in this checkpoint; its nodes are {_known_nodes(steps)} "
+                              "(node ids count from 0: step N's prompt is prompt-<N-1>)", node_id=short(node_id))
+        if where[0] == "prompt" and not isinstance(value, str):
+            raise UsageError(f"prompt node {node_id} takes a str, got {type(value).__name__}; pass the new prompt text",
+                             node_id=node_id)
+        _check_json_value(node_id, value)
         values = dict(header["values"])
         kv = dict(data.kv)
-        for stale in _downstream(graph, node_id):
+        for stale in _downstream(header["graph"], node_id):
             values.pop(stale, None)
             kv.pop(stale, None)
         values[node_id] = value
@@ -293,11 +315,109 @@ class DurableAgent:
         self.computed_steps.append(step)
 
 
-def _decode(ckpt: Any) -> fmt.CheckpointData:
-    data = fmt.decode(ckpt)
-    if data.kind != fmt.FULL or data.header.get("format") != FORMAT:
-        raise fmt.CheckpointFormatError("these bytes are not a DurableAgent checkpoint (a CheckpointLog delta? use log.load(id))")
+def decode_checkpoint(ckpt: Any, what: str = "checkpoint") -> fmt.CheckpointData:
+    """Decode and validate a full DurableAgent checkpoint (``CheckpointCorruptionError`` if malformed)."""
+    data = fmt.decode(ckpt, what=what)
+    if data.kind != fmt.FULL:
+        raise fmt.CheckpointFormatError(f"{what} is a CheckpointLog delta, not a DurableAgent checkpoint: "
+                                        "use log.load(id) to rebuild the full checkpoint")
+    validate_header(data, what)
     return data
+
+
+_decode = decode_checkpoint
+
+
+def validate_header(data: fmt.CheckpointData, what: str = "checkpoint") -> None:
+    """Check every field a DurableAgent reads from a full checkpoint; ``CheckpointCorruptionError`` if any is wrong.
+
+    Data never chooses code: ``backend`` must be one of ``BACKENDS``; ``steps`` is bounded by
+    ``MAX_STEPS`` and by the graph actually present before anything loops over it.
+    """
+    header = data.header
+    if header.get("format") != FORMAT:
+        corrupt(what, f"its header format is {short(header.get('format'))}, not {FORMAT!r}")
+    if header.get("backend") not in BACKENDS:
+        corrupt(what, f"its backend {short(header.get('backend'))} is none of {', '.join(BACKENDS)}")
+    if not isinstance(header.get("model_id"), str):
+        corrupt(what, "its model_id is not a string")
+    steps = header.get("steps")
+    if not (type(steps) is int and 1 <= steps <= MAX_STEPS):
+        corrupt(what, f"its step count {short(steps)} is not a whole number from 1 to {MAX_STEPS}")
+    _check_graph(header.get("graph"), steps, what)
+    _check_values(header.get("values"), steps, what)
+    _check_kv(data.kv, header["values"], header["backend"], what)
+
+
+def _check_graph(graph: Any, steps: int, what: str) -> None:
+    """The graph must be exactly the one ``begin`` builds for ``steps`` steps (length checked before any loop)."""
+    if not isinstance(graph, list) or len(graph) != 2 * steps:
+        corrupt(what, f"its graph does not hold the {steps} steps its header names")
+    for position, node in enumerate(graph):
+        expected = _graph_node(position)
+        if not (isinstance(node, dict) and node.keys() == expected.keys()
+                and type(node["step"]) is int and node == expected):
+            corrupt(what, f"its graph node {position} is not the {expected['id']} node")
+
+
+def _graph_node(position: int) -> dict[str, Any]:
+    """Node ``position`` of the graph ``_graph`` builds (prompt, step, prompt, step, ...)."""
+    step = position // 2
+    if position % 2 == 0:
+        return {"id": prompt_id(step), "kind": "prompt", "step": step, "deps": []}
+    return {"id": step_id(step), "kind": "step", "step": step,
+            "deps": [prompt_id(step)] + ([step_id(step - 1)] if step else [])}
+
+
+def _check_values(values: Any, steps: int, what: str) -> None:
+    """Values: a dict keyed by node ids of the graph, with a str for every prompt."""
+    if not isinstance(values, dict):
+        corrupt(what, "its values are not a JSON object")
+    for key in values:
+        if _node_index(key, steps) is None:
+            corrupt(what, f"its values name {short(key)}, which is no node of its graph")
+    for i in range(steps):  # bounded: steps == len(graph) / 2, checked first
+        if not isinstance(values.get(prompt_id(i)), str):
+            corrupt(what, f"its prompt {prompt_id(i)} is missing or not a string")
+
+
+def _check_kv(kv: dict[str, bytes], values: dict[str, Any], backend: str, what: str) -> None:
+    """KV entries belong to executed steps; on the fake backend they are whole cache entries."""
+    for key, blob in kv.items():
+        if not key.startswith("step-") or key not in values:
+            corrupt(what, f"it has a KV entry for {short(key)}, which is no executed step")
+        if backend == "fake" and len(blob) % FakeBackend.ENTRY_BYTES:
+            corrupt(what, f"its KV entry for {key} is not a whole number of cache entries")
+
+
+def _node_index(node_id: Any, steps: int) -> tuple[str, int] | None:
+    """``("prompt", i)`` / ``("step", i)`` for a node id of a ``steps``-step graph, else None."""
+    if not isinstance(node_id, str):
+        return None
+    kind, _, number = node_id.partition("-")
+    if kind not in ("prompt", "step") or not number.isdigit() or not number.isascii() or number != str(int(number)):
+        return None
+    index = int(number)
+    return (kind, index) if index < steps else None
+
+
+def _known_nodes(steps: int) -> str:
+    """A short description of a graph's node ids (not thousands of them)."""
+    if steps == 1:
+        return "prompt-0 and step-0"
+    return f"prompt-0 ... prompt-{steps - 1} and step-0 ... step-{steps - 1}"
+
+
+def _check_json_value(node_id: str, value: Any) -> None:
+    """A fork value must be JSON a checkpoint can hold (and read back): SerializationError otherwise."""
+    try:
+        fmt.canonical_json(value)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise SerializationError(f"the value for {node_id} is not JSON ({type(exc).__name__}); "
+                                 "pass a str, number, bool, None, list or dict", node_id=node_id) from None
+    if fmt.too_deep(value):
+        raise SerializationError(f"the value for {node_id} nests more than {fmt.MAX_JSON_DEPTH} levels deep; "
+                                 "pass a flatter value", node_id=node_id)
 
 
 def _objects(store: Any) -> Any:
@@ -307,5 +427,5 @@ def _objects(store: Any) -> Any:
 
 def _key(key: str | None) -> str:
     if not key:
-        raise ValueError("a store needs a key= to put or get the checkpoint under")
+        raise UsageError("a store needs a key= to put or get the checkpoint under, e.g. key='run-1/step-2'")
     return key

@@ -114,7 +114,7 @@ def _iterate(items, run_id, note, limits, key, show_progress, store) -> Iterator
     by_identity = key is not None or isinstance(items, (set, frozenset))
     if not by_identity and total is not None and total < offset:
         raise _shrunk(run_id, total, offset)
-    commit = _Committer(run, loop, note, limits, total, offset, legacy_view)
+    commit = _Committer(run, loop, note, limits, total, offset)
     line = ProgressLine(run_id, total, resumed_at=offset) if show_progress else None
     position = -1
     run.active_loops.append(commit)
@@ -160,14 +160,13 @@ class _Committer:
     """Buffers done-item fingerprints and appends them as `progress` events per the group policy."""
 
     def __init__(self, run: Run, loop: int, note: Callable[[Any], str] | None, limits: tuple[int, float | None],
-                 total: int | None, position: int, legacy_view: bool) -> None:
+                 total: int | None, position: int) -> None:
         self.run, self.loop, self.note, self.total = run, loop, note, total
         self.max_items, self.max_seconds = limits
         self.pending: list[str] = []
         self.last_note = ""
         self.count = 0
         self.position = position
-        self.legacy_view = legacy_view
         self.since = time.monotonic()
         self.inflight: tuple[str, Any] | None = None
 
@@ -211,11 +210,9 @@ class _Committer:
         if not self.pending:
             return
         marks, self.pending = self.pending, []
-        events = [{"type": "progress", "loop": self.loop, "done": self.position, "items": marks, "note": self.last_note}]
-        with self.run._lock:
-            if self.legacy_view:  # a run started by 0.2.0: keep its {"_i": k} view current for 0.2.0 readers
-                events.append(self.run.waypoint_event({"_i": self.position}, self.last_note))
-            self.run.append(*events)
+        progress = {"type": "progress", "loop": self.loop, "done": self.position, "items": marks, "note": self.last_note}
+        with self.run._lock:  # and the trail a person (or 0.2.0) reads: one waypoint per commit
+            self.run.append(progress, self.run.loop_waypoint_event(self.loop, self.position, self.last_note))
         self.since = time.monotonic()
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 
-from .errors import JournalCorruptionError
+from .errors import JournalCorruptionError, SerializationError
 
 FORMAT_VERSION = 1
 RESERVED_FIELDS = ("v", "seq", "at", "type", "prev")
@@ -99,11 +99,26 @@ def encode(events: Iterable[Mapping[str, Any]], tail: Tail, *, at: str | None = 
         if prev is not None:
             record["prev"] = prev
         line = _dumps_record(record)
+        check_text(line, f"the {etype} event")
         lines.append(line)
         full.append(record)
         prev = line_digest(line)
         seq += 1
     return lines, full, Tail(seq, prev)
+
+
+def check_text(text: str, what: str) -> None:
+    """Refuse text UTF-8 cannot hold (a lone surrogate such as '\\ud800') before anything is written."""
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = exc.object[exc.start:exc.end].encode("unicode_escape").decode("ascii")
+        raise SerializationError(
+            f"{what} holds text with {bad!r} (a lone surrogate), which UTF-8 cannot store; clean the string "
+            "(e.g. text.encode('utf-8', 'replace').decode()) - nothing was written", path=what,
+        ) from None
 
 
 try:  # orjson parses ~2x faster; the journal is strict JSON, so both parsers agree

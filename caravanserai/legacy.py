@@ -4,7 +4,10 @@
 run can hold a ``state.json`` one checkpoint ahead of ``latest``. When the orphan
 ``waypoint-(N+1).md`` is there too, it is the note that belongs to that state and becomes
 waypoint N+1; otherwise, as 0.2.0 did, the state resumes with waypoint N. Reading is
-deterministic (no clocks): the same directory always gives the same events.
+deterministic (no clocks): the same directory always gives the same events. Waypoint files
+left out that way are listed in ``run_started.skipped_waypoints``, so the local store does not
+take them for views ahead of the journal. A ``state.json`` that is not JSON raises
+``JournalCorruptionError`` (nothing is changed).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from .errors import JournalCorruptionError
 from .journal import RawJSON
 
 WAYPOINT_FILE = re.compile(r"waypoint-(\d+)\.md")
@@ -36,7 +40,7 @@ def read_legacy_run(run_dir: Path, run_id: str) -> list[dict[str, Any]]:
         latest = max(notes, default=0)
     state_path = run_dir / "state.json"
     has_state = state_path.is_file()
-    state = json.loads(state_path.read_text(encoding="utf-8")) if has_state else None
+    state = _read_state(state_path, run_id) if has_state else None
     last = latest + 1 if (latest + 1) in notes and has_state else latest
     command = _read_command(run_dir)
     dash = next((note[2] for note in notes.values() if note[2]), "-")
@@ -50,6 +54,9 @@ def read_legacy_run(run_dir: Path, run_id: str) -> list[dict[str, Any]]:
             "command": command,
         }
     ]
+    skipped = sorted(n for n in notes if n > last)
+    if skipped:
+        events[0]["skipped_waypoints"] = skipped
     for n in sorted(k for k in notes if k <= last):
         note, at, _ = notes[n]
         event: dict[str, Any] = {"type": "waypoint", "at": at, "n": n, "note": note, "imported": True}
@@ -61,6 +68,18 @@ def read_legacy_run(run_dir: Path, run_id: str) -> list[dict[str, Any]]:
         events.append({"type": "waypoint", "at": started_at, "n": last, "imported": True,
                        "note": f"(waypoint-{last}.md is missing)", "state": _verbatim(state)})
     return events
+
+
+def _read_state(path: Path, run_id: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
+        reason = " ".join(str(exc).split())[:200]
+        raise JournalCorruptionError(
+            f"run {run_id!r}: {str(path)!r} is not valid JSON ({reason}); restore it from a backup or move the run "
+            "directory aside; nothing was changed",
+            run_id=run_id, path=str(path),
+        ) from None
 
 
 def _verbatim(state: Any) -> RawJSON:

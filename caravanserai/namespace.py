@@ -2,49 +2,58 @@
 
 Each variable is encoded by the first codec that fits, safest first:
 
-- ``json`` — JSON values (strict; tuples become lists);
-- ``parquet`` — pandas DataFrames as Parquet through pyarrow (values, dtypes and index exact);
-  without pyarrow, ``dataframe``: the pandas "table" JSON (floats to 10 digits, 64-bit dtypes);
-- ``pydantic`` — pydantic models (``model_dump(mode="json")`` + class path, ``model_validate``);
-- ``ndarray`` — NumPy arrays in ``.npy`` format with ``allow_pickle=False``;
-- ``dataclass`` — dataclass instances as their fields (JSON) plus the class path;
-- ``pickle`` — anything else picklable. **Pickle runs code when loaded**, so a pickled value is
-  restored only from a store the user marked trusted (``trust_store(url)`` / ``%caravanserai
-  trust URL`` / ``CARAVANSERAI_TRUSTED_STORES``) or when it carries an HMAC-SHA256 signature that
+- ``json`` — plain JSON values;
+- ``parquet`` — a pandas DataFrame as Parquet through pyarrow (values, dtypes and index exact);
+- ``ndarray`` — a NumPy array in ``.npy`` format with ``allow_pickle=False``;
+- ``typed`` — typed JSON (``caravanserai.values``): int/tuple keys, sets, tuples, datetimes,
+  Decimal, UUID, bytes, paths, dataclasses, pydantic models (OpenAI responses), Enums, NumPy and
+  pandas values, nested in any JSON structure. Class references resolve only to classes the
+  namespace defines or that are allowed (``caravanserai.allow_class``): data never picks code;
+- ``pickle`` — anything else picklable, **announced by name at save time** (``Snapshotter.pickled``).
+  Pickle runs code when loaded, so a pickled value is restored only from a store this user owns
+  (``Store.private_to_user()``: the local store created by this user, mode 0o700, and
+  ``memory://``), a store the user marked trusted (``trust_store(url)`` / ``%caravanserai trust
+  URL`` / ``CARAVANSERAI_TRUSTED_STORES``), or when it carries an HMAC-SHA256 signature that
   verifies with ``CARAVANSERAI_SIGNING_KEY``; otherwise restoring it raises ``UntrustedPickle``.
 
-Encodings above ``INLINE_LIMIT`` bytes go to the store's object face under their SHA-256, so a
-value that did not change is not written again at the next waypoint. No pandas/NumPy import
-happens unless such a value is met.
+A value nothing can save (a generator, an open file, a lock) is left out and named in
+``Snapshotter.skipped``. Encodings above ``INLINE_LIMIT`` bytes go to the store's object face
+under their SHA-256, so a value that did not change is not written again at the next waypoint.
+No pandas/NumPy import happens unless such a value is met.
 """
 
 from __future__ import annotations
 
 import base64
-import dataclasses
 import hashlib
 import hmac
-import importlib
 import io
 import json
 import os
 import pickle
+import re
+import types
 from typing import Any, Iterable
 
-from .errors import CaravanseraiError, SerializationError
+from . import values
+from .errors import (
+    CaravanseraiError,
+    ClassNotAllowed,
+    JournalCorruptionError,
+    ObjectNotFound,
+    SerializationError,
+    UntrustedPickle,
+)
 from .serialization import to_json
 
 __all__ = ["Snapshotter", "UntrustedPickle", "decode_value", "encode_value", "trust_store", "trusted"]
 
 INLINE_LIMIT = 16 * 1024
-_TEXT_CODECS = ("json", "dataframe", "dataclass", "pydantic")
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+_TEXT_CODECS = ("json", "typed", "dataframe", "dataclass", "pydantic")
 SIGNING_ENV = "CARAVANSERAI_SIGNING_KEY"
 TRUST_ENV = "CARAVANSERAI_TRUSTED_STORES"
 _TRUSTED: set[str] = set()
-
-
-class UntrustedPickle(CaravanseraiError):
-    code = "untrusted_pickle"
 
 
 def trust_store(url: str) -> None:
@@ -53,16 +62,18 @@ def trust_store(url: str) -> None:
 
 
 def trusted(url: str) -> bool:
+    """True if the user trusted ``url`` for pickle (``trust_store`` or ``CARAVANSERAI_TRUSTED_STORES``)."""
     return url in _TRUSTED or url in [u.strip() for u in os.environ.get(TRUST_ENV, "").split(",") if u.strip()]
-
-
-def _module(value: Any) -> str:
-    return type(value).__module__ or ""
 
 
 def _signature(payload: bytes) -> str | None:
     key = os.environ.get(SIGNING_ENV)
     return hmac.new(key.encode(), payload, hashlib.sha256).hexdigest() if key else None
+
+
+def _type_name(value: Any) -> str:
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
 
 
 def encode_value(name: str, value: Any) -> tuple[str, bytes, dict]:
@@ -71,86 +82,71 @@ def encode_value(name: str, value: Any) -> tuple[str, bytes, dict]:
         return "json", to_json(value, what=name).encode("utf-8"), {}
     except SerializationError:
         pass
-    module = _module(value)
-    if module.startswith("pandas") and type(value).__name__ == "DataFrame":
+    module, kind = type(value).__module__ or "", type(value).__name__
+    if module.startswith("pandas") and kind == "DataFrame":
         try:
             buffer = io.BytesIO()
             value.to_parquet(buffer, engine="pyarrow")
             return "parquet", buffer.getvalue(), {}
-        except ImportError:  # no pyarrow: a lossier but safe JSON form
-            return "dataframe", value.to_json(orient="table", date_format="iso", date_unit="ns").encode("utf-8"), {}
-    if hasattr(type(value), "model_validate") and hasattr(value, "model_dump"):
-        try:
-            dumped = to_json(value.model_dump(mode="json"), what=name)
-            return "pydantic", dumped.encode("utf-8"), {"class": f"{module}:{type(value).__qualname__}"}
-        except (SerializationError, TypeError, ValueError):
-            pass
-    if module == "numpy" and type(value).__name__ == "ndarray" and value.dtype != object:
+        except (ImportError, ValueError, TypeError):
+            pass  # typed JSON (or pickle) below says why it cannot
+    if module == "numpy" and kind == "ndarray" and value.dtype != object:
         import numpy as np
 
         buffer = io.BytesIO()
         np.save(buffer, value, allow_pickle=False)
         return "ndarray", buffer.getvalue(), {}
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        try:
-            fields = to_json({f.name: getattr(value, f.name) for f in dataclasses.fields(value)}, what=name)
-            return "dataclass", fields.encode("utf-8"), {"class": f"{module}:{type(value).__qualname__}"}
-        except SerializationError:
-            pass
+    try:
+        return "typed", to_json(values.encode(value, name), what=name).encode("utf-8"), {}
+    except SerializationError:
+        pass
     try:
         payload = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:
         raise SerializationError(
-            f"variable {name!r} ({type(value).__module__}.{type(value).__qualname__}) cannot be saved with the waypoint: "
-            f"{type(exc).__name__}: {exc}; leave it out (--state) or re-create it in a setup cell", path=name,
+            f"variable {name!r} ({_type_name(value)}) cannot be saved with the waypoint ({type(exc).__name__}); "
+            "leave it out (--state) or re-create it in a setup cell", path=name, kind=_type_name(value),
         ) from None
     extra = {"signature": _signature(payload)} if os.environ.get(SIGNING_ENV) else {}
     return "pickle", payload, extra
 
 
-def decode_value(name: str, codec: str, payload: bytes, extra: dict, *, store_url: str,
+def decode_value(name: str, codec: str, payload: bytes, extra: dict, *, store_url: str, trusted_store: bool = False,
                  namespace: dict | None = None) -> Any:
+    """The value ``encode_value`` saved. Pickle only from a trusted store or with a valid signature."""
+    namespace = namespace or {}
     if codec == "json":
         return json.loads(payload)
-    if codec == "dataframe":
-        import pandas as pd
-
-        return pd.read_json(io.StringIO(payload.decode("utf-8")), orient="table")
+    if codec == "typed":
+        return values.decode(json.loads(payload), namespace)
     if codec == "parquet":
         import pandas as pd
 
         return pd.read_parquet(io.BytesIO(payload), engine="pyarrow")
-    if codec == "pydantic":
-        return _find_class(extra["class"], namespace or {}).model_validate(json.loads(payload))
     if codec == "ndarray":
         import numpy as np
 
         return np.load(io.BytesIO(payload), allow_pickle=False)
-    if codec == "dataclass":
-        cls = _find_class(extra["class"], namespace or {})
-        return cls(**json.loads(payload))
+    if codec in ("dataclass", "pydantic"):  # written by caravanserai before typed JSON: same class rules
+        if not isinstance(extra.get("class"), str):
+            raise SerializationError(f"saved variable {name!r} has no class reference", path=name)
+        return values.decode({values.TAG: codec, "class": extra["class"], "v": json.loads(payload)}, namespace)
+    if codec == "dataframe":
+        import pandas as pd
+
+        return pd.read_json(io.StringIO(payload.decode("utf-8")), orient="table")
     if codec == "pickle":
         signature = extra.get("signature")
         expected = _signature(payload)
-        signed = signature is not None and expected is not None and hmac.compare_digest(signature, expected)
-        if not (signed or trusted(store_url)):
+        signed = isinstance(signature, str) and expected is not None and hmac.compare_digest(signature, expected)
+        if not (signed or trusted_store or trusted(store_url)):
             raise UntrustedPickle(
-                f"variable {name!r} was saved with pickle, and loading a pickle runs code: not loaded from untrusted store "
-                f"{store_url}. If you control that store, trust it (%caravanserai trust {store_url} or "
-                f"{TRUST_ENV}); or sign pickles with {SIGNING_ENV}", name=name, store=store_url,
+                f"variable {name!r} was saved with pickle, and loading a pickle runs code: not loaded from {store_url}, "
+                f"which is not this user's private store. If you control it, trust it (%caravanserai trust {store_url} "
+                f"or {TRUST_ENV}), or sign pickles with {SIGNING_ENV}", name=name, store=store_url,
             )
         return pickle.loads(payload)  # noqa: S301 - trusted store or verified signature, see above
-    raise CaravanseraiError(f"variable {name!r} uses codec {codec!r}, unknown to this caravanserai: upgrade", name=name)
-
-
-def _find_class(path: str, namespace: dict) -> Any:
-    module, _, qualname = path.partition(":")
-    if module == "__main__" and qualname in namespace:  # a class defined in the notebook
-        return namespace[qualname]
-    target: Any = importlib.import_module(module)
-    for part in qualname.split("."):
-        target = getattr(target, part)
-    return target
+    raise SerializationError(f"variable {name!r} uses codec {codec!r}, unknown to this caravanserai: upgrade", path=name)
 
 
 class Snapshotter:
@@ -158,21 +154,27 @@ class Snapshotter:
 
     Payloads over ``INLINE_LIMIT`` are written once to the object face (key = SHA-256) and
     referenced; the encoding of a value already saved under the same digest is not rewritten.
+    After each ``capture``, ``pickled`` names the values saved with pickle and ``skipped`` those
+    that could not be saved at all (name -> type), so the caller can say so at once.
     """
 
     def __init__(self, namespace: dict, names: Iterable[str], *, objects: Any, run_id: str, store_url: str,
-                 strict: Iterable[str] = ()) -> None:
+                 strict: Iterable[str] = (), trusted_store: bool = False) -> None:
         self.namespace = namespace
         self.names = list(dict.fromkeys(names))
         self.strict = set(strict)
         self.objects = objects
         self.run_id = run_id
         self.store_url = store_url
+        self.trusted_store = trusted_store
         self.skipped: dict[str, str] = {}
+        self.pickled: list[str] = []
         self._written: set[str] = set()
 
     def capture(self) -> dict:
         saved: dict[str, dict] = {}
+        pickled: list[str] = []
+        skipped: dict[str, str] = {}
         for name in self.names:
             if name not in self.namespace:
                 continue
@@ -184,8 +186,10 @@ class Snapshotter:
             except SerializationError as exc:
                 if name in self.strict:
                     raise
-                self.skipped[name] = exc.message
+                skipped[name] = exc.fields.get("kind") or _type_name(value)
                 continue
+            if codec == "pickle":
+                pickled.append(name)
             entry: dict[str, Any] = {"codec": codec, **{k: v for k, v in extra.items() if v is not None}}
             if len(payload) <= INLINE_LIMIT:
                 entry["data"] = payload.decode("utf-8") if codec in _TEXT_CODECS else \
@@ -197,44 +201,82 @@ class Snapshotter:
                     self._written.add(digest)
                 entry["object"] = digest
             saved[name] = entry
+        self.pickled, self.skipped = pickled, skipped
         return saved
 
-    def restore(self, saved: dict, deferred: dict | None = None) -> list[str]:
+    def restore(self, saved: Any, deferred: dict | None = None, definable: Iterable[str] = ()) -> list[str]:
         """Put the saved values back into the namespace; returns the names restored.
 
-        A value whose class is not defined yet (a dataclass defined in the very cell being
-        resumed) is put in ``deferred`` instead, to be restored once the class exists.
+        A value naming a class the cell itself defines (``definable``: a dataclass defined in the
+        very cell being resumed) goes to ``deferred`` when that class does not exist yet, to be
+        restored once it does. Any other class the namespace does not hold is ClassNotAllowed.
         """
+        if not isinstance(saved, dict):
+            raise _damaged("the saved variables are not an object")
         restored = []
+        later = set(definable)
         for name, entry in saved.items():
-            if deferred is not None and entry["codec"] in ("dataclass", "pydantic") and not _class_available(
-                    entry["class"], self.namespace):
+            try:
+                value = self.decode(name, entry)
+            except ClassNotAllowed:
+                if deferred is None or not _waits_for(entry, self.namespace, later):
+                    raise
                 deferred[name] = entry
                 continue
-            codec = entry["codec"]
-            if "object" in entry:
-                payload = self.objects.get(f"values/{self.run_id}/{entry['object']}")
-                if hashlib.sha256(payload).hexdigest() != entry["object"]:
-                    raise CaravanseraiError(f"saved value of {name!r} is damaged (digest mismatch)", name=name)
-            elif codec in _TEXT_CODECS:
-                payload = entry["data"].encode("utf-8")
-            else:
-                payload = base64.b64decode(entry["data"])
-            self.namespace[name] = decode_value(name, codec, payload, entry, store_url=self.store_url,
-                                                namespace=self.namespace)
+            self.namespace[name] = value
             restored.append(name)
         return restored
 
+    def decode(self, name: str, entry: Any) -> Any:
+        """One saved variable's value (ClassNotAllowed, UntrustedPickle, or journal damage)."""
+        if not isinstance(entry, dict) or not isinstance(entry.get("codec"), str):
+            raise _damaged(f"the saved entry of variable {name!r} is malformed")
+        codec = entry["codec"]
+        try:
+            if "object" in entry:
+                digest = entry["object"]
+                if not (isinstance(digest, str) and _DIGEST.fullmatch(digest)):
+                    raise _damaged(f"the saved entry of variable {name!r} names no valid object")
+                try:
+                    payload = self.objects.get(f"values/{self.run_id}/{digest}")
+                except ObjectNotFound:
+                    raise _damaged(f"the stored value of variable {name!r} is missing from the store") from None
+                if hashlib.sha256(payload).hexdigest() != digest:
+                    raise _damaged(f"the stored value of variable {name!r} does not match its digest")
+            elif codec in _TEXT_CODECS:
+                payload = entry["data"].encode("utf-8")
+            else:
+                payload = base64.b64decode(entry["data"], validate=True)
+            return decode_value(name, codec, payload, entry, store_url=self.store_url, trusted_store=self.trusted_store,
+                                namespace=self.namespace)
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            if isinstance(exc, CaravanseraiError):
+                raise
+            raise _damaged(f"the saved value of variable {name!r} is malformed ({type(exc).__name__})") from None
 
-def _class_available(path: str, namespace: dict) -> bool:
-    try:
-        _find_class(path, namespace)
-    except (ImportError, AttributeError):
-        return False
-    return True
+
+def _damaged(problem: str) -> JournalCorruptionError:
+    return JournalCorruptionError(f"{problem}; re-run the cell with --restart to save it again", line=None)
+
+
+def _waits_for(entry: Any, namespace: dict, definable: set[str]) -> bool:
+    """True if every class the entry names that is missing now is one the cell will define."""
+    refs: list[str] = []
+    if entry.get("codec") in ("dataclass", "pydantic") and isinstance(entry.get("class"), str):
+        refs = [entry["class"]]
+    elif entry.get("codec") == "typed" and isinstance(entry.get("data"), str):
+        try:
+            refs = list(values.class_refs(json.loads(entry["data"])))
+        except ValueError:
+            return False
+    missing = []
+    for ref in refs:
+        try:
+            values.resolve_class(ref, namespace)
+        except ClassNotAllowed:
+            missing.append(ref)
+    return bool(missing) and all(ref.startswith("__main__:") and ref[9:].split(".")[0] in definable for ref in missing)
 
 
 def _is_code(value: Any) -> bool:
-    import types
-
     return isinstance(value, (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type))

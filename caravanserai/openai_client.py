@@ -14,14 +14,16 @@ through unjournaled (a stream cannot be replayed faithfully).
 
 from __future__ import annotations
 
-import importlib
 import inspect
+import sys
 from types import SimpleNamespace
 from typing import Any
 
 from .calls import fail_call, settle_call, start_call
+from .errors import ClassNotAllowed
 from .models import Usage, canonical
 from .runs import current_run
+from .values import resolve_class
 
 __all__ = ["durable_client"]
 
@@ -114,20 +116,21 @@ def _to_dict(response: Any) -> dict:
 
 
 def _from_dict(stored: dict) -> Any:
-    """Rebuild the client's response type (pydantic ``model_validate``), else attribute access."""
+    """Rebuild the client's response type (pydantic ``model_validate``), else attribute access.
+
+    The type named in the journal is data: it is built only if ``values.resolve_class`` allows it
+    (OpenAI's own response types, classes the notebook holds, ``caravanserai.allow_class``);
+    otherwise the response comes back as plain attributes, and nothing named by the journal is called.
+    """
     body, type_name = stored.get("body", stored), stored.get("type", "")
-    module, _, qualname = type_name.partition(":")
-    try:
-        cls: Any = importlib.import_module(module)
-        for part in qualname.split("."):
-            cls = getattr(cls, part)
-        if hasattr(cls, "model_validate"):
-            return cls.model_validate(body)
-    except (ImportError, AttributeError, ValueError):
-        pass
-    if module == "builtins":
+    if type_name == "builtins:dict":
         return body
-    return _namespace(body)
+    main = getattr(sys.modules.get("__main__"), "__dict__", {})
+    try:
+        cls = resolve_class(str(type_name), main, check=lambda c: hasattr(c, "model_validate"), kind="pydantic model")
+        return cls.model_validate(body)
+    except (ClassNotAllowed, ValueError, TypeError):
+        return _namespace(body)
 
 
 def _namespace(value: Any) -> Any:

@@ -78,6 +78,8 @@ class Run:
         self.attempt = 1
         self._last_waypoint: dict | None = None
         self._waypoint_count = 0
+        self._last_n = 0  # number of the last waypoint, with or without state
+        self._user_state = False  # a checkpoint() state exists: loop waypoints then leave state alone
         self._completed: dict | None = None
         self._completed_now = False
         self.progress: dict[int, list[str]] = {}  # loop -> fingerprints of done items, in order
@@ -96,6 +98,7 @@ class Run:
         self._header: list[dict] = [self._attempt_event(events)]
         self._iterate_loops = 0
         self.capture: Any = None  # set by a notebook cell: returns the names to save with each commit
+        self.announced: set[str] = set()  # variables already reported as saved with pickle
         self.listeners: list[Any] = []  # called with the stored events after each append (status lines, panels)
         self.active_loops: list[Any] = []  # resumable_iterate loops running over this run right now
         self.ledger = Ledger(run_id, events, self.attempt)
@@ -137,10 +140,11 @@ class Run:
         with self._lock:
             if self._closed:
                 raise CaravanseraiError(f"run {self.run_id!r} is closed; open it again with durable()", run_id=self.run_id)
-            if self.capture is not None and any(e["type"] in ("waypoint", "progress") for e in events):
+            commits = [i for i, e in enumerate(events) if e["type"] in ("waypoint", "progress")]
+            if self.capture is not None and commits:
                 names = self.capture()  # a notebook cell's variables go with its commits (None: not this one)
-                if names:
-                    events = tuple({**e, "names": names} if e["type"] in ("waypoint", "progress") else e for e in events)
+                if names:  # once per append, on its last commit event
+                    events = tuple({**e, "names": names} if i == commits[-1] else e for i, e in enumerate(events))
             pending = [*self._header, *events]
             lines, encoded, tail = journal.encode(pending, self._tail)
             self._lease.renew()
@@ -174,8 +178,19 @@ class Run:
 
     def waypoint_event(self, state: Any, note: Any) -> dict:
         """The next waypoint's event (not yet appended); call with the run's lock held."""
-        n = (self._last_waypoint["n"] if self._last_waypoint else 0) + 1
-        return {"type": "waypoint", "n": n, "note": str(note), "state": state}
+        return {"type": "waypoint", "n": self._last_n + 1, "note": str(note), "state": state}
+
+    def loop_waypoint_event(self, loop: int, done: int, note: str) -> dict:
+        """The waypoint a ``resumable_iterate`` commit leaves for people and 0.2.0 readers.
+
+        As 0.2.0: note ``processed item i/N``, state ``{"_i": i}`` — unless the run holds a
+        ``checkpoint()`` state, which a loop never overwrites (0.2.0 did); then the waypoint is a
+        note only. Call with the run's lock held.
+        """
+        event: dict[str, Any] = {"type": "waypoint", "n": self._last_n + 1, "note": str(note), "loop": loop}
+        if not self._user_state:
+            event["state"] = {"_i": done}
+        return event
 
     def complete(self, result: Any = None, *, names: dict | None = None) -> None:
         """Record that the run finished (``result`` kept if it is JSON); once per attempt."""
@@ -253,17 +268,24 @@ class Run:
             if self.started_event is not None:
                 self.started_event = {**self.started_event, **{k: v for k, v in event.items() if k in _IDENTITY}}
             self._last_waypoint = None
+            self._last_n, self._user_state = 0, False
             self.progress, self.progress_done, self.legacy_offset = {}, {}, None
             self.saved_names, self.saved_at = {}, None
             self._completed = None
             return
         if etype == "waypoint":
             self._waypoint_count += 1
+            if isinstance(event.get("n"), int):
+                self._last_n = event["n"]
             if "state" in event:
                 self._last_waypoint = event
                 state = event["state"]
-                if isinstance(state, dict) and set(state) == {"_i"} and isinstance(state["_i"], int):
+                if "loop" in event:
+                    pass  # our own loop's trail: its progress events are the truth
+                elif isinstance(state, dict) and set(state) == {"_i"} and isinstance(state["_i"], int):
                     self.legacy_offset = state["_i"]  # 0.2.0's resumable_iterate progress
+                else:
+                    self._user_state = True
         elif etype == "progress":
             loop = event.get("loop", 0)
             self.progress.setdefault(loop, []).extend(event.get("items", ()))
@@ -423,10 +445,10 @@ def durable(run_id: str, *, store: Store | str | None = None, definition: Any = 
 
         target = namespace if namespace is not None else sys._getframe(2).f_globals
         snapshot = Snapshotter(target, capture, objects=run.store.objects, run_id=run.run_id, store_url=run.store.url,
-                               strict=capture)
+                               strict=capture, trusted_store=run.store.private_to_user())
         if (run.saved_names or {}).get("values"):
             snapshot.restore(run.saved_names["values"])
-        run.capture = lambda: {"values": snapshot.capture(), "at": None}
+        run.capture = lambda: _capture_announcing(run, snapshot)
     token = _CURRENT.set(run)
     try:
         yield run
@@ -445,6 +467,17 @@ def durable(run_id: str, *, store: Store | str | None = None, definition: Any = 
             run.capture = None
         if owner:
             run.close()
+
+
+def _capture_announcing(run: Run, snapshot: Any) -> dict:
+    """The captured variables; a variable newly saved with pickle is named on stderr at once."""
+    values = snapshot.capture()
+    fresh = [name for name in snapshot.pickled if name not in run.announced]
+    if fresh:
+        run.announced.update(fresh)
+        sys.stderr.write(f"[caravanserai] run {run.run_id!r}: saved with pickle (restorable only from a store you trust): "
+                         f"{', '.join(fresh)}\n")
+    return {"values": values, "at": None}
 
 
 def require_events(run_id: str, store: Store | str | None = None) -> list[dict]:

@@ -12,7 +12,7 @@ import math
 from typing import Any
 
 from .errors import SerializationError
-from .journal import dumps
+from .journal import check_text, dumps
 
 
 def to_json(state: Any, *, what: str = "state") -> str:
@@ -23,6 +23,7 @@ def to_json(state: Any, *, what: str = "state") -> str:
         raise _explain(state, what, exc) from None
     if _has_non_str_key(state):
         raise _explain(state, what, None)
+    check_text(text, what)
     return text
 
 
@@ -49,7 +50,10 @@ def _has_non_str_key(value: Any) -> bool:
 
 
 def _explain(state: Any, what: str, exc: BaseException | None) -> SerializationError:
-    found = _find_problem(state, what, set())
+    try:
+        found = _find_problem(state, what, set())
+    except RecursionError:
+        found = (what, "is nested too deeply to encode (hundreds of levels)")
     if found is None:
         path, problem = what, f"cannot be encoded as JSON ({exc})"
     else:

@@ -39,13 +39,15 @@ from typing import Any, Callable
 from .errors import (
     CaravanseraiError,
     InvalidRunId,
+    JournalCorruptionError,
     LeaseLost,
     MissingExtra,
     ObjectNotFound,
     RunLocked,
+    StoreFull,
     StoreUnavailable,
 )
-from .ids import RUN_ID_PATTERN, is_legacy_readable
+from .ids import validate_run_id
 from .stores.base import Lease, ObjectStore, Store, describe_holder
 from .stores.http import PROTOCOL, TOKEN_ENV, HttpDurableStore, HttpTokenRequired, is_loopback
 
@@ -138,7 +140,7 @@ class JournalService:
         self._last_token: dict[str, int] = {}
         self._table = threading.Lock()
         self._stripes = [threading.Lock() for _ in range(64)]
-        self._views = type(store).committed is not Store.committed
+        self._views = type(store)._committed is not Store._committed
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, args=(reap_every,), name="caravanserai-serve-reaper",
                                         daemon=True)
@@ -300,14 +302,13 @@ def _int(body: dict, name: str, default: int | None = None) -> int:
     return value
 
 
-def _run_id(request: Any, *, new: bool = False) -> str:
-    run_id = request.path_params["run"]
-    ok = RUN_ID_PATTERN.fullmatch(run_id) if new else (is_legacy_readable(run_id) and not run_id.startswith(".")
-                                                     and len(run_id) <= 255)
-    if not ok:
-        raise InvalidRunId(f"invalid run id {run_id[:40]!r}: use 1-128 characters from A-Z a-z 0-9 . _ - starting "
-                           "with a letter or digit", run_id=run_id)
-    return run_id
+def _run_id(request: Any, store: Store | None = None) -> str:
+    """The run id of the request path, checked by the one rule (``ids.validate_run_id``).
+
+    With ``store`` (read-only endpoints: load, remove) an existing 0.2.0 name the backing store
+    vouches for (``store.is_legacy_name``) is accepted too.
+    """
+    return validate_run_id(request.path_params["run"], legacy=None if store is None else store.is_legacy_name)
 
 
 def _error(status: int, code: str, message: str, **fields: Any) -> Any:
@@ -324,6 +325,10 @@ def _error_for(exc: BaseException) -> Any:
         return _error(409, exc.code, exc.message, **fields)
     if isinstance(exc, InvalidRunId):
         return _error(400, exc.code, exc.message)
+    if isinstance(exc, JournalCorruptionError):
+        return _error(422, exc.code, exc.message, run_id=exc.fields.get("run_id"))
+    if isinstance(exc, StoreFull):
+        return _error(507, exc.code, exc.message)
     if isinstance(exc, ObjectNotFound):
         return _error(404, exc.code, exc.message, key=exc.fields.get("key"))
     if isinstance(exc, StoreUnavailable):
@@ -394,11 +399,11 @@ def create_app(store: Store, token: str, *, max_ttl_ms: int = MAX_TTL_MS, max_bo
         return JSONResponse({"runs": sorted(store.list())})
 
     def load(request: Any, body: bytes) -> Any:
-        lines = store.load(_run_id(request))
+        lines = store.load(_run_id(request, store))
         return JSONResponse({"lines": lines, "next_seq": len(lines)})
 
     def remove(request: Any, body: bytes) -> Any:
-        return JSONResponse(service.remove(_run_id(request)))
+        return JSONResponse(service.remove(_run_id(request, store)))
 
     def acquire(request: Any, body: bytes) -> Any:
         data = _json_body(body)
@@ -408,7 +413,7 @@ def create_app(store: Store, token: str, *, max_ttl_ms: int = MAX_TTL_MS, max_bo
         ttl_ms = _int(data, "ttl_ms", DEFAULT_TTL_MS)
         if ttl_ms < MIN_TTL_MS:
             raise ApiError(400, "bad_request", f"ttl_ms must be at least {MIN_TTL_MS}")
-        return JSONResponse(service.acquire(_run_id(request, new=True), holder, ttl_ms))
+        return JSONResponse(service.acquire(_run_id(request), holder, ttl_ms))
 
     def renew(request: Any, body: bytes) -> Any:
         return JSONResponse(service.renew(_run_id(request), _int(_json_body(body), "token")))

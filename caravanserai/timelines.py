@@ -4,6 +4,10 @@ A run's timeline is its DurableAgent step outputs (from the checkpoint its journ
 last) or, for a plain run, its waypoints (note and state). ``compare`` finds the shared prefix,
 the first divergence and a per-step verdict; the CLI's ``diff`` and the notebook's Compare panel
 both use it.
+
+Steps here are for people, so they count from 1: ``Step.step`` 1 is the first step (DurableAgent
+node ``step-0``, or waypoint 1), and ``compare`` reports ``step``, ``shared_prefix`` and
+``first_divergence`` in the same numbering (see docs/checkpoint-format.md, "Step numbers").
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ __all__ = ["Comparison", "Step", "compare", "timeline"]
 
 @dataclass(frozen=True)
 class Step:
-    index: int  # 1-based, as people count steps and waypoints
+    """One step of a timeline: its number (from 1, as people count steps and waypoints), label, value."""
+
+    step: int
     label: str
     value: Any
 
@@ -61,7 +67,7 @@ def compare(*timelines: tuple[str, list[Step]]) -> Comparison:
         cells = [steps[i] if i < len(steps) else None for _, steps in timelines]
         values = [json.dumps(c.value, sort_keys=True, ensure_ascii=False) if c else None for c in cells]
         same = all(v is not None and v == values[0] for v in values)
-        result.steps.append({"step": i + 1, "same": same,
+        result.steps.append({"step": i + 1, "same": same,  # numbered from 1, like Step.step
                              "values": [c.value if c else None for c in cells],
                              "labels": [c.label if c else None for c in cells]})
         if same and result.first_divergence is None:

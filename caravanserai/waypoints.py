@@ -12,7 +12,7 @@ import functools
 from typing import Any, Callable, TypeVar
 
 from .errors import InvalidRunId
-from .journal import RawJSON
+from .journal import RawJSON, check_text
 from .ids import validate_run_id
 from .runs import _REGISTRY, Waypoint, current_run, durable, open_run, read_events
 from .serialization import to_json
@@ -54,6 +54,7 @@ def checkpoint(run_id: Any, state: Any = _NO_NOTE, note: Any = _NO_NOTE, *, stor
         return run.checkpoint(RawJSON(to_json(state), state), note)
     validate_run_id(run_id)
     encoded = RawJSON(to_json(state), state)  # fail before the store is touched: no empty run directory
+    check_text(str(note), "the note")
     return open_run(run_id, store).checkpoint(encoded, note)
 
 

@@ -19,7 +19,9 @@ import sys
 import time
 from typing import Any
 
+from caravanserai.cli import ArgumentParser
 from caravanserai.errors import CaravanseraiError, DefinitionChanged
+from caravanserai.errors import UsageError as CaravanseraiUsageError
 from caravanserai.ledger import digest
 from caravanserai.namespace import Snapshotter
 from caravanserai.runs import _CURRENT, open_checked, read_events
@@ -33,23 +35,40 @@ class CellChanged(DefinitionChanged):
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="%%resumable", add_help=False,
+    p = ArgumentParser(prog="%%resumable", add_help=False,
+                       usage="%(prog)s RUN_ID [--store URL] [--state a,b] [--every N] [--fork NEW_ID] [--restart]",
                                 description="Run a cell as a durable run that survives kernel restarts.")
     p.add_argument("run_id")
     p.add_argument("--store", help="store URL (default: %%caravanserai store, $CARAVANSERAI_STORE or ./.caravanserai)")
     p.add_argument("--state", help="comma-separated names to save (default: every name the cell assigns)")
-    p.add_argument("--every", type=int, help="save the variables at most every N commits (default: every commit)")
+    p.add_argument("--every", type=_positive, help="save the variables at most every N commits (default: every commit)")
     p.add_argument("--fork", metavar="NEW_ID", help="continue from the run's last waypoint under a new run id")
     p.add_argument("--restart", action="store_true", help="start again from scratch (the old attempt stays in history)")
     return p
 
 
-def parse_args(line: str) -> argparse.Namespace:
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(text)
+    return value
+
+
+def parse_args(line: str) -> argparse.Namespace | None:
+    """The magic line's arguments; None for ``--help`` (the help is printed). Bad ones: IPython's UsageError."""
+    from IPython.core.error import UsageError
+
     try:
-        return parser().parse_args(shlex.split(line))
-    except SystemExit:
-        raise CaravanseraiError(f"bad %%resumable arguments {line!r}: usage: %%resumable RUN_ID [--store URL] "
-                                "[--state a,b] [--every N] [--fork NEW_ID] [--restart]") from None
+        words = shlex.split(line)
+    except ValueError as exc:
+        raise UsageError(f"%%resumable {line}: {exc}") from None
+    if "-h" in words or "--help" in words:
+        print(parser().format_help())
+        return None
+    try:
+        return parser().parse_args(words)
+    except CaravanseraiUsageError as exc:
+        raise UsageError(f"%%resumable: {exc.message}") from None
 
 
 class _Tee:
@@ -92,10 +111,13 @@ class CellRun:
 
         self.shell = get_ipython()
         self.namespace = self.shell.user_ns if self.shell is not None else sys.modules["__main__"].__dict__
-        self.args = parse_args(line)
+        args = parse_args(line)
+        self.help = args is None  # `%%resumable --help`: the help was printed, the cell does not run
+        self.args = args or argparse.Namespace(run_id="", store=None, state=None, every=None, fork=None, restart=False)
         self.source = source
         explicit = [n.strip() for n in (self.args.state or "").split(",") if n.strip()]
         self.names = explicit or [n for n in names if not n.startswith("__caravanserai")]
+        self.defined = set(names)  # names the cell binds (its classes included): deferred restores wait for them
         self.strict = explicit
         self.assignments = {index: set(targets) for index, targets in assignments}
         self.execute = True
@@ -115,7 +137,7 @@ class CellRun:
         self.stmt = index
         if self.deferred:  # a class defined earlier in this cell may exist now
             pending, self.deferred = self.deferred, {}
-            self.snapshot.restore(pending, self.deferred)
+            self.snapshot.restore(pending, self.deferred, definable=self.defined)
 
     def keep(self, index: int) -> bool:
         """False for a top-level assignment already done before the last save (its names restored)."""
@@ -130,6 +152,9 @@ class CellRun:
 
     # ---- the with block ----------------------------------------------------------------------
     def __enter__(self) -> "CellRun":
+        if self.help:
+            self.execute = False
+            return self
         store = open_store(self.args.store)
         definition = digest({"cell": self.source})
         run_id = self.args.run_id
@@ -147,10 +172,10 @@ class CellRun:
             if self.args.restart and events:
                 run.append({"type": "restarted", "definition_sha256": definition, "cell_source": self.source})
             self.snapshot = Snapshotter(self.namespace, self.names, objects=store.objects, run_id=run_id,
-                                        store_url=store.url, strict=self.strict)
+                                        store_url=store.url, strict=self.strict, trusted_store=store.private_to_user())
             saved = run.saved_names or {}
             if saved.get("values"):
-                self.restored = set(self.snapshot.restore(saved["values"], self.deferred))
+                self.restored = set(self.snapshot.restore(saved["values"], self.deferred, definable=self.defined))
                 self.restored |= set(self.deferred)  # restored once their class is defined (see at())
                 self.resume_at = saved.get("at")
             if run.completed and run._completed and not self.args.restart:
@@ -164,13 +189,15 @@ class CellRun:
             raise
         self._token = _CURRENT.set(run)
         self.status = StatusLine(self.shell, run, resumed=not self.args.restart and (bool(self.restored) or run.attempt > 1),
-                                 restored=self.restored, completed=not self.execute)
+                                 restored=self.restored, completed=not self.execute, snapshot=self.snapshot)
         self._tee = _Tee(sys.stdout)
         sys.stdout = self._tee
         return self
 
     def __exit__(self, etype: Any, error: Any, tb: Any) -> bool:
         run = self.run
+        if run is None:
+            return False
         if self._tee is not None and sys.stdout is self._tee:
             sys.stdout = self._tee.stream
         try:
@@ -227,7 +254,7 @@ class CellRun:
 
     def _on_commit(self, events: list[dict]) -> None:
         if self.status is not None:
-            self.status.update()
+            self.status.update(announce=True)
 
 
 def _check_source(run_id: str, events: list[dict], definition: str, source: str) -> None:
@@ -291,8 +318,11 @@ def _prepare_fork(store: Any, source_run: str, new_run: str, definition: str, ce
 class StatusLine:
     """One line under the cell, updated in place: waypoints, last note, calls, tokens, cost, resume."""
 
-    def __init__(self, shell: Any, run: Any, *, resumed: bool, restored: set[str], completed: bool) -> None:
+    def __init__(self, shell: Any, run: Any, *, resumed: bool, restored: set[str], completed: bool,
+                 snapshot: Any = None) -> None:
         self.run = run
+        self.snapshot = snapshot
+        self.announced: tuple = ((), ())
         self.resumed = resumed
         self.restored = sorted(restored)
         self.completed = completed
@@ -325,15 +355,36 @@ class StatusLine:
         if receipt.calls:
             usd = f"${receipt.estimated_usd:.4f}" + ("+unpriced" if receipt.unpriced else "")
             parts.append(f"{len(receipt.calls)} call(s), {receipt.tokens} tokens, {usd} (inferred)")
+        parts.extend(self.warnings())
         if ending:
             parts.append(ending)
         return " | ".join(parts)
 
-    def update(self, *, force: bool = False) -> None:
+    def warnings(self) -> list[str]:
+        """Variables saved with pickle or not saved at all, by name (said at save time, not after a crash)."""
+        snapshot = self.snapshot
+        if snapshot is None:
+            return []
+        out = []
+        if snapshot.skipped:
+            out.append("not saved: " + ", ".join(f"{name} ({kind})" for name, kind in snapshot.skipped.items()))
+        if snapshot.pickled:
+            where = "" if snapshot.trusted_store else ": this store is not trusted for pickle, see %caravanserai trust"
+            out.append(f"pickled: {', '.join(snapshot.pickled)}{where}")
+        return out
+
+    def update(self, *, force: bool = False, announce: bool = False) -> None:
+        """Refresh the line (at most every 0.25 s), at once when the set of unsaved or pickled names changed."""
         now = time.monotonic()
-        if self.handle is not None and (force or now - self.shown_at > 0.25):
+        changed = False
+        if announce and self.snapshot is not None:
+            current = (tuple(self.snapshot.skipped), tuple(self.snapshot.pickled))
+            changed, self.announced = current != self.announced, current
+        if self.handle is not None and (force or changed or now - self.shown_at > 0.25):
             self.shown_at = now
             self.handle.update(_Text(self.text()))
+        elif self.handle is None and changed and any(self.announced):
+            print(f"[caravanserai] {self.run.run_id}: " + " | ".join(self.warnings()), file=sys.stderr)
 
     def finish(self, etype: Any) -> None:
         ending = "done" if etype is None else "interrupted: run again to resume" if etype is KeyboardInterrupt else "failed"

@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import shlex
 
+from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from caravanserai import cli
+from caravanserai.errors import UsageError as CaravanseraiUsageError
 from caravanserai.namespace import trust_store
 from caravanserai.stores import ENV_VAR, open_store
 
@@ -19,27 +21,38 @@ from .transform import MAGIC
 class CaravanseraiMagics(Magics):
     @line_magic
     def caravanserai(self, line: str) -> None:
-        """%caravanserai list | show RUN [--all] | journal RUN | clean RUN | store URL | trust URL
+        """%caravanserai list | show RUN [--all] | journal RUN | clean RUN | store [URL] | trust URL | --help
 
         ``store URL`` sets the default store for this session; ``trust URL`` allows pickled
         variables to be loaded from that store (pickle runs code: only for stores you control).
+        Any other words are the ``caravanserai`` command line (``%caravanserai verify``...).
         """
-        words = shlex.split(line)
+        try:
+            words = shlex.split(line)
+        except ValueError as exc:
+            raise UsageError(f"%caravanserai {line}: {exc}") from None
         if not words:
             print(self.caravanserai.__doc__)
             return
-        if words[0] == "store":
+        if words[0] == "store" and len(words) <= 2:
             if len(words) == 1:
                 print(open_store().url)
                 return
             os.environ[ENV_VAR] = open_store(words[1]).url
             print(f"default store for this session: {os.environ[ENV_VAR]}")
             return
-        if words[0] == "trust" and len(words) == 2:
+        if words[0] == "trust":
+            if len(words) != 2:
+                raise UsageError("usage: %caravanserai trust URL (a store you control: pickled values load from it)")
             trust_store(open_store(words[1]).url)
             print(f"pickled variables will be loaded from {open_store(words[1]).url}")
             return
-        cli.main(words)
+        try:
+            cli.run_command(words)
+        except CaravanseraiUsageError as exc:
+            raise UsageError(f"%caravanserai: {exc.message}") from None
+        except SystemExit:
+            pass  # --help printed its text
 
     @cell_magic
     def resumable(self, line: str, cell: str) -> None:

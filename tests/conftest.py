@@ -111,3 +111,47 @@ def model_server():
         yield ModelServer(base_url.rstrip("/").removesuffix("/v1"), ms.MODEL_NAME)
     finally:
         ms.stop_server(proc)
+
+
+# ---- real Jupyter kernels (tests/kernel_helpers.py) --------------------------------------------
+KERNEL_PACKAGES = ("jupyter_client", "ipykernel", "nbclient", "nbformat", "openai")
+
+
+def need_kernel_packages() -> None:
+    for module in KERNEL_PACKAGES:
+        need(importlib.util.find_spec(module) is not None, f"{module} is not installed (the [test] extra)")
+
+
+@pytest.fixture
+def proxy(model_server):
+    """A CountingProxy in front of the local model server: records what the server really received."""
+    from servers.counting_proxy import CountingProxy
+
+    counting = CountingProxy(model_server.url)
+    yield counting
+    counting.close()
+
+
+@pytest.fixture
+def kernel_env(tmp_path: Path) -> dict[str, str]:
+    from kernel_helpers import child_env
+
+    return child_env(tmp_path)
+
+
+@pytest.fixture
+def kernel(tmp_path: Path, kernel_env: dict[str, str]):
+    """``kernel()`` starts a real ipykernel in tmp_path (its default store is ./.caravanserai there)."""
+    from kernel_helpers import Kernel
+
+    need_kernel_packages()
+    started: list = []
+
+    def start():
+        k = Kernel(tmp_path, kernel_env)
+        started.append(k)
+        return k
+
+    yield start
+    for k in started:
+        k.close()

@@ -415,7 +415,8 @@ def test_a_failed_resume_leaves_the_agent_as_it_was():
 
 
 def _unknown_backend_checkpoint(monkeypatch) -> tuple[bytes, type]:
-    return reencoded(DurableAgent().begin(FORK_PROMPTS).run_until_step(0), backend="tpu"), CheckpointFormatError
+    # a v1 checkpoint names one of the v1 backends: any other is a malformed header (corruption)
+    return reencoded(DurableAgent().begin(FORK_PROMPTS).run_until_step(0), backend="tpu"), CheckpointCorruptionError
 
 
 def _server_checkpoint_without_server(monkeypatch) -> tuple[bytes, type]:

@@ -449,13 +449,13 @@ def test_cli_show_journal_and_settle_errors(project, capsys):
     for line, event in zip(human, events):
         assert line.split()[0] == str(event["seq"]) and event["type"] in line and event["at"] in line
 
-    for argv in (["settle", "cli-run", "support#9", "--result", "1"],
-                 ["settle", "cli-run", "support#1"],
-                 ["settle", "cli-run", "support#1", "--result", "1", "--error", "x"],
-                 ["settle", "cli-run", "support#1", "--result", "{not json"],
-                 ["settle", "ghost-run", "x#1", "--result", "1"]):
+    for argv, code in ((["settle", "cli-run", "support#9", "--result", "1"], 1),
+                       (["settle", "cli-run", "support#1"], 2),  # bad usage: exit 2
+                       (["settle", "cli-run", "support#1", "--result", "1", "--error", "x"], 2),
+                       (["settle", "cli-run", "support#1", "--result", "{not json"], 2),
+                       (["settle", "ghost-run", "x#1", "--result", "1"], 1)):
         before = journal_path(project, "cli-run").read_bytes()
-        assert cli.main([*argv, "--store", root]) == 1, argv
+        assert cli.main([*argv, "--store", root]) == code, argv
         captured = capsys.readouterr()
         assert captured.out == "" and captured.err.count("\n") == 1 and captured.err.startswith("caravanserai: error: "), argv
         assert journal_path(project, "cli-run").read_bytes() == before

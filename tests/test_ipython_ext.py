@@ -576,6 +576,23 @@ def save_then_restore(run_id: str, make):
     return made[0], ip.user_ns.get("value"), second
 
 
+def project_store() -> Path:
+    return Path(open_store(None).url.removeprefix("file://"))
+
+
+def test_pickles_load_without_trust_from_this_users_private_store():
+    ip.user_ns["crash_at"] = 0
+    ip.user_ns["make"] = lambda: {Tag("own")}
+    first, _ = run(SAVE_AND_CRASH.format(run_id="c-own-pickle"))
+    assert codec_of("c-own-pickle") == "pickle"
+    assert oct(project_store().stat().st_mode & 0o777) == "0o700"
+    forget("value")
+    ip.user_ns["crash_at"] = -1
+    loaded, _ = run(SAVE_AND_CRASH.format(run_id="c-own-pickle"))
+    assert loaded.success, loaded.error_in_exec
+    assert ip.user_ns["value"] == {Tag("own")}
+
+
 def codec_of(run_id: str, name: str = "value") -> str:
     waypoint = next(e for e in events(run_id) if e["type"] == "waypoint")
     return waypoint["names"]["values"][name]["codec"]
@@ -649,14 +666,36 @@ def test_dataclass_defined_in_an_earlier_cell_round_trips():
     assert defined.success
     original, restored, result = save_then_restore("c-dataclass", lambda: ip.user_ns["Point"](3, 0.25, ["a"]))
     assert result.success, result.error_in_exec
-    assert codec_of("c-dataclass") == "dataclass"
+    assert codec_of("c-dataclass") == "typed"
     assert type(restored) is ip.user_ns["Point"] and restored == original and restored is not original
 
 
-def test_importable_dataclass_round_trips_untrusted():
+def test_imported_dataclass_round_trips_untrusted():
+    ip.user_ns["Box"] = Box  # as `from mymodule import Box` in the notebook
     original, restored, result = save_then_restore("c-box", lambda: Box("crate", [1, 2]))
     assert result.success, result.error_in_exec  # not pickle: needs no trust
-    assert codec_of("c-box") == "dataclass" and restored == original
+    assert codec_of("c-box") == "typed" and restored == original
+
+
+def test_a_class_the_notebook_does_not_hold_is_refused_until_allowed():
+    import caravanserai
+    from caravanserai.errors import ClassNotAllowed
+
+    ip.user_ns["crash_at"] = 0
+    ip.user_ns["make"] = lambda: Box("crate", [1])
+    run(SAVE_AND_CRASH.format(run_id="c-unheld"))
+    forget("value")
+    ip.user_ns["crash_at"] = -1
+    refused, _ = run(SAVE_AND_CRASH.format(run_id="c-unheld"))
+    assert isinstance(refused.error_in_exec, ClassNotAllowed), refused.error_in_exec
+    assert "value" not in ip.user_ns and "allow_class" in str(refused.error_in_exec)
+    caravanserai.allow_class(Box)
+    try:
+        loaded, _ = run(SAVE_AND_CRASH.format(run_id="c-unheld"))
+    finally:
+        caravanserai.values._ALLOWED.clear()
+    assert loaded.success, loaded.error_in_exec
+    assert ip.user_ns["value"] == Box("crate", [1])
 
 
 def test_dataclass_defined_in_the_resumable_cell_itself_round_trips():
@@ -697,6 +736,7 @@ def test_pickled_value_from_an_untrusted_store_is_refused_until_trusted():
     ip.user_ns["make"] = make
     run(SAVE_AND_CRASH.format(run_id="c-pickle"))
     assert codec_of("c-pickle") == "pickle"
+    os.chmod(project_store(), 0o750)  # no longer private to this user: pickles need trust
     forget("value")
     ip.user_ns["crash_at"] = -1
     refused, _ = run(SAVE_AND_CRASH.format(run_id="c-pickle"))
@@ -723,6 +763,7 @@ def test_signed_pickles_load_with_the_key_and_not_without(monkeypatch: pytest.Mo
     ip.user_ns["make"] = make
     ip.user_ns["crash_at"] = 0
     run(SAVE_AND_CRASH.format(run_id="c-signed"))
+    os.chmod(project_store(), 0o750)  # no longer private to this user: pickles need trust or a signature
     forget("value")
     ip.user_ns["crash_at"] = -1
     monkeypatch.setenv("CARAVANSERAI_SIGNING_KEY", "another-key")
@@ -781,3 +822,25 @@ def test_unchanged_large_values_are_not_rewritten_at_each_waypoint(monkeypatch: 
 
 def _has(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
+
+
+def test_the_status_line_names_pickled_and_unsaved_variables_when_they_are_saved():
+    ip.user_ns["make"] = lambda: {Tag("t")}
+    cell = """\
+    %%resumable c-announce
+    from caravanserai import checkpoint
+    tags = make()
+    gen = (i for i in range(3))
+    counts = {1: "one", (2, 3): "pair"}
+    checkpoint({}, "first commit")
+    """
+    with capture_output() as captured:
+        result = ip.run_cell(textwrap.dedent(cell), store_history=True)
+    assert result.success, result.error_in_exec
+    said = captured.stderr.splitlines()
+    announced = [line for line in said if "c-announce" in line]
+    assert len(announced) == 1, said  # said once, at the commit that first saved them
+    assert "not saved: gen (generator)" in announced[0] and "pickled: tags" in announced[0]
+    assert "counts" not in announced[0]  # int and tuple keys: typed JSON, no pickle
+    final = [line for line in captured.stdout.splitlines() if line.startswith("[caravanserai] c-announce")][-1]
+    assert "not saved: gen (generator)" in final and "pickled: tags" in final and final.endswith("done")

@@ -14,21 +14,25 @@ URL                                    backend                         install
 (``http://`` on loopback only)
 =====================================  ==============================  ==========================
 
-Further schemes (``sqlite``, ``postgresql``, ``s3``/``gs``/``az``, ``http(s)``) register here as
-their backends land; an unknown scheme raises ``UnknownStoreScheme`` listing the known ones, and
-a scheme whose extra is missing raises ``MissingExtra`` naming the ``pip install`` to run.
+An unknown scheme raises ``UnknownStoreScheme`` listing the known ones; a scheme whose extra is
+missing raises ``MissingExtra`` naming the ``pip install`` to run; an unknown option, a malformed
+URL or a known scheme written without ``//`` (``sqlite:runs.db``: not a directory named
+``sqlite:``) raises ``InvalidStoreUrl`` with the form to use. ``docs/stores.md`` has the options
+of every scheme. Stores are cached per URL; ``store.close()`` takes one out of the cache.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import re
 from typing import Callable, Union
 
-from ..errors import MissingExtra, UnknownStoreScheme
-from .base import Lease, ObjectStore, Store
+from ..errors import InvalidStoreUrl, MissingExtra, UnknownStoreScheme
+from .base import _OPEN, Lease, ObjectStore, Store
 from .local import LocalDirectoryStore, LocalStore
 from .memory import MemoryStore
+from .urls import redact
 
 __all__ = [
     "LocalDirectoryStore",
@@ -72,9 +76,6 @@ def default_store_url() -> str:
     return os.environ.get(ENV_VAR) or os.path.join(os.getcwd(), DEFAULT_STORE)
 
 
-_OPEN: dict[str, Store] = {}
-
-
 def open_store(url: StoreLike = None) -> Store:
     """Return the store for ``url`` (a Store passes through; None means the default store).
 
@@ -93,6 +94,7 @@ def open_store(url: StoreLike = None) -> Store:
         raise UnknownStoreScheme(f"store must be a URL, a path or a Store, got {url!r}", url=repr(url))
     scheme = url.split("://", 1)[0].lower() if "://" in url else "file"
     if scheme == "file" and "://" not in url:
+        _refuse_scheme_without_slashes(url)
         url = os.path.abspath(os.path.expanduser(url))
     cached = _OPEN.get(url)
     if cached is not None:
@@ -100,7 +102,8 @@ def open_store(url: StoreLike = None) -> Store:
     entry = _SCHEMES.get(scheme)
     if entry is None:
         known = ", ".join(sorted(f"{s}://" for s in _SCHEMES))
-        raise UnknownStoreScheme(f"unknown store scheme {scheme!r} in {url!r}; use one of: {known} or a path", url=url, scheme=scheme)
+        raise UnknownStoreScheme(f"unknown store scheme {scheme!r} in {redact(url)!r}; use one of: {known} or a path",
+                                 url=redact(url), scheme=scheme)
     module_name, class_name, extra = entry
     try:
         module = importlib.import_module(module_name)
@@ -113,3 +116,30 @@ def open_store(url: StoreLike = None) -> Store:
     store = factory(url)
     _OPEN[url] = store
     return store
+
+
+_SCHEME_PREFIX = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):(/?)(.*)", re.DOTALL)
+_FORMS = {
+    "file": "file:///absolute/path or a plain path",
+    "memory": "memory://name",
+    "sqlite": "sqlite:///runs.db (relative to the current directory) or sqlite:////abs/path/runs.db",
+    "postgresql": "postgresql://user@host:5432/db",
+    "postgres": "postgresql://user@host:5432/db",
+    "s3": "s3://bucket/prefix",
+    "gs": "gs://bucket/prefix",
+    "az": "az://container/prefix",
+    "http": "http://127.0.0.1:8765 (loopback) or https://host/prefix",
+    "https": "https://host/prefix",
+}
+
+
+def _refuse_scheme_without_slashes(path: str) -> None:
+    """A known scheme and ':' without '//' (``sqlite:runs.db``, ``s3:/x``) is a mistyped URL, not a
+    directory literally named ``sqlite:``: refuse it with the right form."""
+    match = _SCHEME_PREFIX.fullmatch(path)
+    if match is None or match.group(1).lower() not in _SCHEMES:
+        return
+    scheme = match.group(1).lower()
+    form = _FORMS.get(scheme, f"{scheme}://...")
+    raise InvalidStoreUrl(f"store URL {path!r} is missing the '//' after '{scheme}:'; use {form} (a directory whose "
+                          "name starts with a scheme needs ./ in front)", url=path, scheme=scheme)

@@ -25,31 +25,33 @@ import time
 import uuid
 import weakref
 from typing import Any, Sequence
-from urllib.parse import parse_qsl, quote, urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from ..errors import (
     HttpInsecure,
     HttpTokenRequired,
     HttpUnauthorized,
     InvalidRunId,
+    InvalidStoreUrl,
+    JournalCorruptionError,
     LeaseLost,
     MissingExtra,
     ObjectNotFound,
     RunLocked,
+    StoreFull,
     StoreUnavailable,
 )
 from .base import Lease, ObjectStore, Store, holder_info
 from .leases import MIN_TTL, ExpiringLease
+from .urls import parse_options, redact, split_url
 
 __all__ = ["HttpDurableStore", "HttpInsecure", "HttpTokenRequired", "HttpUnauthorized", "TOKEN_ENV", "PROTOCOL"]
 
 TOKEN_ENV = "CARAVANSERAI_HTTP_TOKEN"
 PROTOCOL = 1  # the /v1 wire protocol (docs/http-protocol.md)
 LOOPBACK_NAMES = ("localhost",)
-
-
-# ---- errors (to move into caravanserai/errors.py) ----------------------------------------------
-
+URL_OPTIONS = {"token": str, "lock_ttl_ms": int, "request_timeout_ms": int, "retries": int, "backoff_ms": int}
+_FINAL_CODES = frozenset({"store_full", "journal_corruption"})  # 5xx answers a retry cannot change
 
 
 def _sleep(seconds: float) -> None:  # a seam for tests that count backoff
@@ -143,11 +145,18 @@ class HttpDurableStore(Store):
 
     def __init__(self, url: str, token: str | None, *, lock_ttl_ms: int = 30_000, request_timeout_ms: int = 10_000,
                  retries: int = 3, backoff_ms: int = 100, transport: Any = None) -> None:
-        parts = urlsplit(url)
+        try:
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+        except ValueError as exc:
+            raise InvalidStoreUrl(f"journal URL {redact(url)!r} is not valid ({exc}); use https://host[:port][/prefix]",
+                                  url=redact(url)) from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"journal URL must look like https://host[:port][/prefix], got {url!r}")
+            raise InvalidStoreUrl(f"journal URL must look like https://host[:port][/prefix], got {redact(url)!r}",
+                                  url=redact(url))
         if parts.username or parts.password:
-            raise ValueError("journal URL must not carry credentials; pass token= or set " + TOKEN_ENV)
+            raise InvalidStoreUrl("journal URL must not carry credentials; pass token= or set " + TOKEN_ENV,
+                                  url=redact(url))
         base = urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
         if parts.scheme != "https" and not is_loopback(parts.hostname):
             raise HttpInsecure(f"journal URL must be https outside localhost: {base} would send the token and the "
@@ -157,11 +166,11 @@ class HttpDurableStore(Store):
             raise HttpTokenRequired(f"the journal service at {base} needs a token: pass token=, add ?token= to the URL "
                                     f"or set {TOKEN_ENV}", url=base)
         if not token.isascii() or not token.isprintable():
-            raise ValueError("the journal token must be printable ASCII on one line")
+            raise InvalidStoreUrl("the journal token must be printable ASCII on one line", url=base)
         if lock_ttl_ms < MIN_TTL * 1000:
-            raise ValueError(f"lock_ttl_ms must be at least {int(MIN_TTL * 1000)}, got {lock_ttl_ms}")
+            raise InvalidStoreUrl(f"lock_ttl_ms must be at least {int(MIN_TTL * 1000)}, got {lock_ttl_ms}", url=base)
         if request_timeout_ms <= 0 or retries < 0 or backoff_ms < 0:
-            raise ValueError("request_timeout_ms must be > 0, retries and backoff_ms >= 0")
+            raise InvalidStoreUrl("request_timeout_ms must be > 0, retries and backoff_ms >= 0", url=base)
         httpx = _import_httpx()
         self._httpx = httpx
         self.url = base
@@ -181,22 +190,15 @@ class HttpDurableStore(Store):
     @classmethod
     def from_url(cls, url: str) -> "HttpDurableStore":
         """``http(s)://host:port/prefix?token=…&lock_ttl_ms=…&request_timeout_ms=…&retries=…``."""
-        parts = urlsplit(url)
-        known = {"token": str, "lock_ttl_ms": int, "request_timeout_ms": int, "retries": int, "backoff_ms": int}
-        given = dict(parse_qsl(parts.query, keep_blank_values=True))
-        unknown = set(given) - set(known)
-        if unknown:
-            raise ValueError(f"unknown option(s) {', '.join(sorted(unknown))} in the journal URL; known: "
-                             f"{', '.join(sorted(known))}")
-        options = {k: known[k](v) for k, v in given.items()}
+        parts = split_url(url, "https://host[:port][/prefix]")
+        options = parse_options(parts.query, URL_OPTIONS, url)
         token = options.pop("token", None) or os.environ.get(TOKEN_ENV)
         return cls(urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")), token, **options)
 
     # ---- plumbing ------------------------------------------------------------------------
     @staticmethod
     def _run(run_id: str) -> str:
-        if not isinstance(run_id, str) or not run_id:
-            raise InvalidRunId(f"run id must be a non-empty str, got {run_id!r}", run_id=repr(run_id))
+        """The run id as one URL path segment (the Store base has already checked it)."""
         return quote(run_id, safe="")
 
     def _request(self, method: str, path: str, *, json: Any = None, content: bytes | None = None,
@@ -221,6 +223,8 @@ class HttpDurableStore(Store):
                 problem = f"{type(exc).__name__}: {str(exc) or 'no detail'}".replace("\n", " ")
                 continue
             if response.status_code >= 500:
+                if _error_body(response).get("code") in _FINAL_CODES:  # retrying cannot help: say why now
+                    raise self._error(response, method, path, run_id)
                 problem = f"HTTP {response.status_code}: {_message(response)}"
                 continue
             if response.status_code in expect:
@@ -263,6 +267,10 @@ class HttpDurableStore(Store):
             return _SeqMismatch(message)
         if code == "invalid_run_id":
             return InvalidRunId(message, run_id=run_id)
+        if code == "journal_corruption":
+            return JournalCorruptionError(message, run_id=body.get("run_id", run_id))
+        if code == "store_full":
+            return StoreFull(message, url=self.url)
         if code == "object_not_found":
             return ObjectNotFound(message, key=body.get("key"))
         if status in (400, 404, 405, 413, 422):
@@ -275,17 +283,17 @@ class HttpDurableStore(Store):
         return self._json(self._request("GET", "/health"))
 
     # ---- journal face --------------------------------------------------------------------
-    def load(self, run_id: str) -> list[str]:
+    def _load(self, run_id: str) -> list[str]:
         return list(self._json(self._request("GET", f"runs/{self._run(run_id)}", run_id=run_id))["lines"])
 
-    def load_held(self, lease: Lease) -> list[str]:
+    def _load_held(self, lease: Lease) -> list[str]:
         snapshot = getattr(lease, "snapshot", None)
         if snapshot is None:
-            return self.load(lease.run_id)
+            return self._load(lease.run_id)
         lease.snapshot = None  # only valid right after acquire
         return snapshot
 
-    def acquire(self, run_id: str) -> HttpLease:
+    def _acquire(self, run_id: str) -> HttpLease:
         started = time.monotonic()
         holder = {**holder_info(), "lease": uuid.uuid4().hex}
         granted = self._post(f"runs/{self._run(run_id)}/acquire", {"holder": holder, "ttl_ms": self.lock_ttl_ms},
@@ -295,7 +303,7 @@ class HttpDurableStore(Store):
         self._leases.add(lease)
         return lease
 
-    def append(self, run_id: str, lines: Sequence[str], *, lease: Lease, seq: int, sync: bool = True) -> None:
+    def _append(self, run_id: str, lines: Sequence[str], *, lease: Lease, seq: int, sync: bool = True) -> None:
         if not isinstance(lease, HttpLease) or lease.run_id != run_id or lease.store is not self:
             raise ValueError(f"append to run {run_id!r} needs a lease on that run from this store")
         lease.check()
@@ -317,10 +325,10 @@ class HttpDurableStore(Store):
     def list(self) -> list[str]:
         return sorted(self._json(self._request("GET", "runs"))["runs"])
 
-    def remove(self, run_id: str) -> bool:
+    def _remove(self, run_id: str) -> bool:
         return bool(self._json(self._request("DELETE", f"runs/{self._run(run_id)}", run_id=run_id))["removed"])
 
-    def close(self) -> None:
+    def _close(self) -> None:
         """Release this store's leases (best effort) and its connections."""
         if self._closed:
             return
@@ -338,6 +346,7 @@ class HttpDurableStore(Store):
 
 
 def _error_body(response: Any) -> dict:
+    """The ``{"error": {...}}`` object of an error answer ({} if there is none)."""
     try:
         body = response.json()
     except ValueError:

@@ -3,42 +3,50 @@
 Layout of a run directory ``<root>/<run_id>/``:
 
 - ``journal.jsonl`` — the source of truth; appended with ``write`` + ``fdatasync``, the directory
-  fsynced when the file is created;
-- ``lock`` — ``flock``-ed by the one live writer and holding its pid/host/since; the kernel drops
-  the lock when that process dies, so a dead writer's lock is taken over safely;
+  fsynced when the file is created; a failed append is truncated back (nothing half-written);
+- ``lock`` — ``flock``-ed by the one live writer and holding its pid/host/since/token; the kernel
+  drops the lock when that process dies, so a dead writer's lock is taken over safely. A writer
+  clears its pid from the record before it unlocks, so ``RunLocked`` always names the live holder;
 - ``waypoint-N.md``, ``state.json``, ``latest``, ``meta.json`` — views in 0.2.0's format, rendered
   from the journal off the checkpoint's critical path (each file replaced atomically). After a
-  kill they can lag the journal; the next writer, ``load_latest`` and the CLI re-render them.
+  kill they can lag the journal, never lead it: views *ahead* of the journal mean the journal was
+  emptied or cut short, and reading or opening the run raises ``JournalCorruptionError``.
 
 A 0.2.0/0.1.x directory (views only, no journal) is read through ``caravanserai.legacy``; the
 first write into it stores those events as the start of a new journal. Directories are 0o700 and
 files 0o600. Ids that differ only in case get a ``~<digest>`` suffix on case-insensitive
-file systems, so their journals never mix.
+file systems, so their journals never mix. Every ``OSError`` leaves as ``StoreFull`` (disk,
+quota or file-size limit) or ``StoreUnavailable``, one line.
 """
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
+import socket
+import stat
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
 from .. import journal
-from ..errors import RunLocked, StoreUnavailable
-from ..ids import RUN_ID_PATTERN, is_legacy_readable
-from ..legacy import is_legacy_dir, read_legacy_run
-from .base import Lease, ObjectStore, Store, describe_holder, holder_info
+from ..errors import InvalidRunId, InvalidStoreUrl, JournalCorruptionError, RunLocked
+from ..ids import is_legacy_readable, validate_run_id
+from ..legacy import WAYPOINT_FILE, is_legacy_dir, read_legacy_run
+from .base import Lease, ObjectStore, Store, describe_holder, holder_info, os_failure
 from .files import complete_lines, fsync_dir, make_dirs, valid_length, write_all, write_file_atomic
 from .local_views import RENDERER, is_stale, reconcile, views_lock
+from .urls import split_url
 
 JOURNAL = "journal.jsonl"
 LOCK = "lock"
 OBJECTS = ".objects"
 HOLDER_BYTES = 512
+HOLDER_WAIT = 2.0  # how long a contender re-reads a lock record that names no live holder yet
 
 
 # ---- the object face ------------------------------------------------------------------------
@@ -51,47 +59,67 @@ class LocalDirectoryStore(ObjectStore):
     def _path(self, key: str) -> Path:
         return self.root / self.check_key(key)
 
+    def _failure(self, exc: OSError, what: str) -> Exception:
+        return os_failure(exc, f"local object store at {str(self.root)!r}", what)
+
     def put(self, key: str, data: bytes) -> None:
         path = self._path(key)
-        make_dirs(path.parent)
-        write_file_atomic(path, bytes(data))
+        try:
+            make_dirs(path.parent)
+            write_file_atomic(path, bytes(data))
+        except OSError as exc:
+            raise self._failure(exc, f"writing object {key!r}") from exc
 
     def put_if_absent(self, key: str, data: bytes) -> bool:
         path = self._path(key)
-        if path.exists():
-            return False
-        make_dirs(path.parent)
-        return write_file_atomic(path, bytes(data), exclusive=True)
+        try:
+            if path.exists():
+                return False
+            make_dirs(path.parent)
+            return write_file_atomic(path, bytes(data), exclusive=True)
+        except OSError as exc:
+            raise self._failure(exc, f"writing object {key!r}") from exc
 
     def get(self, key: str) -> bytes:
         try:
             return self._path(key).read_bytes()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise self._missing(key) from None
+        except OSError as exc:
+            raise self._failure(exc, f"reading object {key!r}") from exc
 
     def exists(self, key: str) -> bool:
-        return self._path(key).is_file()
+        try:
+            return self._path(key).is_file()
+        except OSError as exc:
+            raise self._failure(exc, f"reading object {key!r}") from exc
 
     def list(self, prefix: str = "") -> list[str]:
-        if not self.root.is_dir():
-            return []
         keys = []
-        for folder, _dirs, files in os.walk(self.root):
-            rel = Path(folder).relative_to(self.root).as_posix()
-            for name in files:
-                if name.startswith(".") and name.endswith(".tmp"):
-                    continue
-                key = name if rel == "." else f"{rel}/{name}"
-                if key.startswith(prefix):
-                    keys.append(key)
+        try:
+            if not self.root.is_dir():
+                return []
+            for folder, _dirs, files in os.walk(self.root):
+                rel = Path(folder).relative_to(self.root).as_posix()
+                for name in files:
+                    if name.startswith(".") and name.endswith(".tmp"):
+                        continue
+                    key = name if rel == "." else f"{rel}/{name}"
+                    if key.startswith(prefix):
+                        keys.append(key)
+        except OSError as exc:
+            raise self._failure(exc, "listing objects") from exc
         return sorted(keys)
 
     def delete(self, key: str) -> bool:
+        path = self._path(key)
         try:
-            os.unlink(self._path(key))
+            os.unlink(path)
+            fsync_dir(path.parent)
         except FileNotFoundError:
             return False
-        fsync_dir(self._path(key).parent)
+        except OSError as exc:
+            raise self._failure(exc, f"deleting object {key!r}") from exc
         return True
 
     def __repr__(self) -> str:
@@ -107,17 +135,19 @@ class LocalLease(Lease):
         self.journal_fd: int | None = None
         self.size = 0
         self.next_seq = 0
-        self.snapshot: bytes | None = None  # the journal as acquire read it
+        self.snapshot: list[str] | None = None  # the journal's lines as acquire read them
 
     def _release(self) -> None:
-        RENDERER.flush(self.run_dir)
-        if self.journal_fd is not None:
-            os.close(self.journal_fd)
-            self.journal_fd = None
         try:
-            fcntl.flock(self.lock_fd, fcntl.LOCK_UN)
+            RENDERER.flush(self.run_dir)
         finally:
-            os.close(self.lock_fd)
+            if self.journal_fd is not None:
+                try:
+                    os.close(self.journal_fd)
+                except OSError:
+                    pass
+                self.journal_fd = None
+            _unlock(self.lock_fd, self.token)
 
 
 class LocalStore(Store):
@@ -134,77 +164,105 @@ class LocalStore(Store):
 
     @classmethod
     def from_url(cls, url: str) -> "LocalStore":
+        """A path, or ``file:///absolute/path`` (no host but localhost, no options)."""
         if url.startswith("file://"):
-            from urllib.parse import unquote, urlsplit
+            from urllib.parse import unquote
 
-            parts = urlsplit(url)
+            parts = split_url(url, "file:///absolute/path")
             if parts.netloc not in ("", "localhost"):
-                raise StoreUnavailable(f"file URL {url!r} names host {parts.netloc!r}; use file:///absolute/path or a plain path", url=url)
+                raise InvalidStoreUrl(f"file URL {url!r} names host {parts.netloc!r}; use file:///absolute/path or a "
+                                      "plain path", url=url)
+            if parts.query or parts.fragment:
+                raise InvalidStoreUrl(f"file URL {url!r} has options, but the local store takes none; use "
+                                      "file:///absolute/path or a plain path", url=url)
+            if not parts.path:
+                raise InvalidStoreUrl(f"file URL {url!r} names no directory; use file:///absolute/path", url=url)
             return cls(unquote(parts.path))
         return cls(url)
 
+    def _describe(self) -> str:
+        return f"local store at {str(self.root)!r}"
+
+    def private_to_user(self) -> bool:
+        """True if the root is a directory this user owns that no group or other user can enter."""
+        try:
+            info = os.stat(self.root)
+        except (OSError, ValueError):
+            return False
+        return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and info.st_mode & 0o077 == 0
+
     # -- directories
     def run_dir(self, run_id: str) -> Path:
+        """The directory of ``run_id`` (a checked id, or an existing 0.2.0 name)."""
         cached = self._dirs.get(run_id)
         if cached is not None:
             return cached
+        run_id = self._readable(run_id)
         plain = self.root / run_id
         chosen = plain
-        try:
+        with self._os_errors(f"finding run {run_id!r}"):
             if plain.exists() and run_id not in os.listdir(self.root):
                 # A case-insensitive file system matched a directory of another id's case.
                 chosen = self.root / f"{run_id}~{hashlib.sha256(run_id.encode()).hexdigest()[:8]}"
-        except OSError as exc:
-            raise self._unavailable(exc) from exc
         self._dirs[run_id] = chosen
         return chosen
 
-    def _unavailable(self, exc: OSError) -> StoreUnavailable:
-        return StoreUnavailable(
-            f"cannot use the local store at {str(self.root)!r}: {exc.strerror or exc}; "
-            "check the path and its permissions or set CARAVANSERAI_STORE",
-            url=self.url, errno=exc.errno,
-        )
+    def is_legacy_name(self, run_id: str) -> bool:
+        """True for an existing directory 0.2.0 created under an id our rule rejects (read-only)."""
+        if not is_legacy_readable(run_id) or run_id == OBJECTS:
+            return False
+        try:
+            validate_run_id(run_id)
+            return False  # a valid id is not a legacy name
+        except InvalidRunId:
+            pass
+        try:
+            return is_legacy_dir(self.root / run_id)
+        except (OSError, ValueError):
+            return False
 
     # -- journal face
-    def load(self, run_id: str) -> list[str]:
+    def _load(self, run_id: str) -> list[str]:
         run_dir = self.run_dir(run_id)
         try:
-            return complete_lines((run_dir / JOURNAL).read_bytes())
+            shown = _views_shown(run_dir)  # views first: a writer appending meanwhile only adds to the journal
+            data = (run_dir / JOURNAL).read_bytes()
         except FileNotFoundError:
             pass
-        except OSError as exc:
-            raise self._unavailable(exc) from exc
+        else:
+            lines = complete_lines(data)
+            _check_views(run_id, run_dir, lines, shown)
+            return lines
         legacy = read_legacy_run(run_dir, run_id) if run_dir.is_dir() else []
         return journal.encode(legacy, journal.Tail())[0] if legacy else []
 
-    def acquire(self, run_id: str) -> Lease:
+    def _acquire(self, run_id: str) -> Lease:
         run_dir = self.run_dir(run_id)
-        try:
+        for _ in range(20):  # the run may be removed between our open and our flock: start again then
             make_dirs(run_dir)
-            lock_fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-        except OSError as exc:
-            raise self._unavailable(exc) from exc
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _read_holder(lock_fd)
-            os.close(lock_fd)
-            raise RunLocked(
-                f"run {run_id!r} is being written by {describe_holder(holder)}; wait for it to finish or stop "
-                "that process (a lock left by a dead process is taken over automatically)",
-                run_id=run_id, holder=holder,
-            ) from None
-        try:
-            previous = _read_holder(lock_fd) or {}
-            holder = holder_info(int(previous.get("token", 0)) + 1)
-            # One fixed-size write: a kill cannot leave the holder record empty.
-            os.pwrite(lock_fd, json.dumps(holder).encode().ljust(HOLDER_BYTES), 0)
-            lease = LocalLease(self, run_id, holder["token"], holder, lock_fd, run_dir)
-            self._open_journal(lease)
-        except BaseException:
+            lock_fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                _take_lock(run_id, lock_fd, "wait for it to finish or stop that process (a lock left by a dead "
+                                            "process is taken over automatically)")
+            except BaseException:
+                os.close(lock_fd)
+                raise
+            if _still_linked(lock_fd, run_dir / LOCK):
+                break
             fcntl.flock(lock_fd, fcntl.LOCK_UN)
             os.close(lock_fd)
+        else:
+            raise RunLocked(f"run {run_id!r} is being removed and created again by other processes; retry", run_id=run_id)
+        token = 0
+        try:
+            previous = _read_holder(lock_fd) or {}
+            token = int(previous.get("token", 0)) + 1
+            holder = holder_info(token)
+            _write_holder(lock_fd, holder)
+            lease = LocalLease(self, run_id, token, holder, lock_fd, run_dir)
+            self._open_journal(lease)
+        except BaseException:
+            _unlock(lock_fd, token)
             raise
         return lease
 
@@ -216,50 +274,58 @@ class LocalStore(Store):
                 lines = journal.encode(legacy, journal.Tail())[0]
                 write_file_atomic(path, ("\n".join(lines) + "\n").encode())
         if not path.exists():
+            lease.snapshot = []
             return
-        fd = os.open(path, os.O_RDWR | os.O_APPEND)
-        data = os.pread(fd, os.fstat(fd).st_size, 0)
-        good = valid_length(data)
-        if good != len(data):  # repair a torn tail left by a crash before this writer starts
-            os.ftruncate(fd, good)
-            os.fsync(fd)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+        try:
+            shown = _views_shown(lease.run_dir)
+            data = _read_all(fd)
+            lines = complete_lines(data)
+            _check_views(lease.run_id, lease.run_dir, lines, shown)  # before any repair: nothing changed
+            good = valid_length(data)
+            if good != len(data):  # repair a torn tail left by a crash before this writer starts
+                os.ftruncate(fd, good)
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            raise
         lease.journal_fd = fd
         lease.size = good
         lease.next_seq = data[:good].count(b"\n")
-        lease.snapshot = data[:good]
+        lease.snapshot = lines
 
-    def load_held(self, lease: Lease) -> list[str]:
+    def _load_held(self, lease: Lease) -> list[str]:
         snapshot = getattr(lease, "snapshot", None)
         if snapshot is None:
-            return self.load(lease.run_id)
+            return self._load(lease.run_id)
         lease.snapshot = None  # only valid right after acquire
-        return complete_lines(snapshot)
+        return snapshot
 
-    def append(self, run_id: str, lines: Sequence[str], *, lease: Lease, seq: int, sync: bool = True) -> None:
-        assert isinstance(lease, LocalLease) and lease.run_id == run_id
+    def _append(self, run_id: str, lines: Sequence[str], *, lease: Lease, seq: int, sync: bool = True) -> None:
+        if not isinstance(lease, LocalLease) or lease.run_id != run_id or lease.store is not self:
+            raise ValueError(f"append to run {run_id!r} needs a lease on that run from this store")
         lease.check()
         if seq != lease.next_seq:
             raise ValueError(f"append to run {run_id!r} at seq {seq}, but the journal's next seq is {lease.next_seq}")
         data = ("\n".join(lines) + "\n").encode("utf-8")
+        if lease.journal_fd is None:
+            lease.journal_fd = os.open(lease.run_dir / JOURNAL, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+                                       0o600)
+            fsync_dir(lease.run_dir)
         try:
-            if lease.journal_fd is None:
-                lease.journal_fd = os.open(lease.run_dir / JOURNAL, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-                fsync_dir(lease.run_dir)
+            write_all(lease.journal_fd, data)
+            if sync:
+                os.fdatasync(lease.journal_fd)
+        except OSError:
             try:
-                write_all(lease.journal_fd, data)
-                if sync:
-                    os.fdatasync(lease.journal_fd)
-            except OSError:
                 os.ftruncate(lease.journal_fd, lease.size)  # nothing half-written
-                raise
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EIO):
-                raise self._unavailable(exc) from exc
+            except OSError:
+                lease.release()  # cannot undo: stop this writer; the next one repairs the torn tail
             raise
         lease.size += len(data)
         lease.next_seq += len(lines)
 
-    def committed(self, run_id: str, events: Sequence[dict]) -> None:
+    def _committed(self, run_id: str, events: Sequence[dict]) -> None:
         if self.views:
             RENDERER.submit(self.run_dir(run_id), events)
 
@@ -267,7 +333,7 @@ class LocalStore(Store):
         """Wait until views of this process's appends are written (tests, before reading files)."""
         RENDERER.flush()
 
-    def refresh_views(self, run_id: str, events: Sequence[dict] | None = None, *, writer: bool = False) -> None:
+    def _refresh_views(self, run_id: str, events: Sequence[dict] | None, *, writer: bool) -> None:
         """Complete stale views (after a kill) under ``views.lock``.
 
         A reader re-reads the journal under that lock; the writer (``writer=True``, holding the
@@ -279,7 +345,7 @@ class LocalStore(Store):
         if not (run_dir / JOURNAL).exists():
             return
         if events is None:
-            events = journal.decode(run_id, self.load(run_id))[0]
+            events = journal.decode(run_id, self._load(run_id))[0]
         if not is_stale(run_dir, events):
             return
         if writer:
@@ -287,9 +353,9 @@ class LocalStore(Store):
             return
         try:
             with views_lock(run_dir):
-                reconcile(run_dir, journal.decode(run_id, self.load(run_id))[0])
+                reconcile(run_dir, journal.decode(run_id, self._load(run_id))[0])
         except OSError:
-            pass  # read-only media or permissions: the journal is still readable
+            pass  # read-only media, permissions or a full disk: the journal is still readable
 
     def list(self) -> list[str]:
         try:
@@ -297,36 +363,30 @@ class LocalStore(Store):
         except FileNotFoundError:
             return []
         except OSError as exc:
-            raise self._unavailable(exc) from exc
+            raise os_failure(exc, self._describe(), "listing runs") from exc
         runs = []
         for name in entries:
             path = self.root / name
-            if name.startswith(".") or not path.is_dir():
-                continue
-            if (path / JOURNAL).exists():
-                runs.append(_journal_run_id(path) or name)
-            elif is_legacy_dir(path) and is_legacy_readable(name):
-                runs.append(name)
+            try:
+                if name.startswith(".") or not path.is_dir():
+                    continue
+                if (path / JOURNAL).exists():
+                    runs.append(_journal_run_id(path) or name)
+                elif is_legacy_dir(path) and is_legacy_readable(name):
+                    runs.append(name)
+            except OSError:
+                continue  # an entry we cannot read is not a run we can show
         return sorted(runs)
 
-    def is_legacy_name(self, run_id: str) -> bool:
-        """True for an existing directory 0.2.0 created under an id our pattern rejects."""
-        return is_legacy_readable(run_id) and RUN_ID_PATTERN.fullmatch(run_id) is None and is_legacy_dir(self.root / run_id)
-
-    def remove(self, run_id: str) -> bool:
+    def _remove(self, run_id: str) -> bool:
         run_dir = self.run_dir(run_id)
         if not run_dir.is_dir():
             return False
-        lock_fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+        lock_fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            try:
-                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = _read_holder(lock_fd)
-                raise RunLocked(
-                    f"run {run_id!r} is being written by {describe_holder(holder)}; stop it before cleaning",
-                    run_id=run_id, holder=holder,
-                ) from None
+            _take_lock(run_id, lock_fd, "stop it before cleaning")
+            previous = _read_holder(lock_fd) or {}
+            _write_holder(lock_fd, {**holder_info(int(previous.get("token", 0))), "removing": True})
             RENDERER.discard(run_dir)
             shutil.rmtree(run_dir)
             fsync_dir(self.root)
@@ -335,7 +395,7 @@ class LocalStore(Store):
         self._dirs.pop(run_id, None)
         return True
 
-    def last_updated(self, run_id: str) -> float | None:
+    def _last_updated(self, run_id: str) -> float | None:
         run_dir = self.run_dir(run_id)
         for name in (JOURNAL, "latest"):
             try:
@@ -344,27 +404,181 @@ class LocalStore(Store):
                 continue
         return None
 
+    def _torn_tail(self, run_id: str) -> int:
+        try:
+            data = (self.run_dir(run_id) / JOURNAL).read_bytes()
+        except FileNotFoundError:
+            return 0
+        return len(data) - valid_length(data)
+
     @property
     def objects(self) -> ObjectStore:
         return self._objects
 
 
+# ---- the lock record --------------------------------------------------------------------------
 def _read_holder(fd: int) -> dict[str, Any] | None:
     try:
-        text = os.pread(fd, 4096, 0)
-        value = json.loads(text) if text else None
+        text = os.pread(fd, 4096, 0).decode("utf-8").strip()
+        value = json.JSONDecoder().raw_decode(text)[0] if text else None
     except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None
 
 
+def _write_holder(fd: int, record: dict[str, Any]) -> None:
+    # One fixed-size pwrite: a reader never sees a half record, and a shorter record overwrites a longer one.
+    os.pwrite(fd, json.dumps(record).encode().ljust(HOLDER_BYTES), 0)
+
+
+def _unlock(lock_fd: int, token: int) -> None:
+    """Clear the holder's pid from the record (keeping the token), then drop the flock."""
+    try:
+        _write_holder(lock_fd, {"token": token})
+    except OSError:
+        pass  # a contender then sees a record whose pid is no longer locking and waits briefly
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_UN)
+    finally:
+        os.close(lock_fd)
+
+
+def _names_live_holder(holder: dict[str, Any] | None) -> bool:
+    """True if ``holder`` names a process that is running (or on another host: cannot tell, trust it)."""
+    if not holder or not isinstance(holder.get("pid"), int):
+        return False
+    if holder.get("host") != socket.gethostname():
+        return True
+    try:
+        os.kill(holder["pid"], 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by another user
+    return True
+
+
+def _take_lock(run_id: str, lock_fd: int, remedy: str) -> None:
+    """``flock`` the run, or raise RunLocked naming the live holder.
+
+    Between another writer's flock and its holder record there is a short window; a contender
+    that finds no live holder named re-reads the record (and retries the lock) for a bounded time.
+    """
+    deadline = None
+    while True:
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            pass
+        holder = _read_holder(lock_fd)
+        live = _names_live_holder(holder)
+        now = time.monotonic()
+        deadline = deadline or now + HOLDER_WAIT
+        if live or now >= deadline:
+            named = holder if live else None
+            raise RunLocked(f"run {run_id!r} is being written by {describe_holder(named)}; {remedy}",
+                            run_id=run_id, holder=named)
+        time.sleep(0.005)
+
+
+def _still_linked(fd: int, path: Path) -> bool:
+    """True if ``fd`` is still the file at ``path`` (a concurrent remove unlinks it)."""
+    try:
+        mine, there = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _read_all(fd: int) -> bytes:
+    size = os.fstat(fd).st_size
+    chunks, offset = [], 0
+    while offset < size:
+        chunk = os.pread(fd, size - offset, offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+# ---- views ahead of the journal: an emptied or shrunk journal ---------------------------------
+_HEAD = re.compile(r'\{"v":\d+,"seq":\d+,"at":"[^"]*","type":"([^"]*)"(?:,"n":(\d+)[,}])?')
+
+
+def _views_shown(run_dir: Path) -> tuple[list[int], int]:
+    """The waypoint numbers of the ``waypoint-N.md`` views and the number in ``latest`` (0 if none)."""
+    try:
+        names = os.listdir(run_dir)
+    except (FileNotFoundError, NotADirectoryError):
+        return [], 0
+    numbers = [int(m.group(1)) for m in map(WAYPOINT_FILE.fullmatch, names) if m]
+    try:
+        latest = int((run_dir / "latest").read_text(encoding="utf-8").strip()) if "latest" in names else 0
+    except (OSError, ValueError):
+        latest = 0
+    return numbers, latest
+
+
+def _highest_waypoint(lines: Sequence[str]) -> tuple[int, set[int]]:
+    """The journal's highest waypoint ``n`` (cheap: a prefix match per line) and the 0.2.0 files
+    an import left out (``skipped_waypoints`` of an imported ``run_started``)."""
+    highest, skipped = 0, set()
+    for index, line in enumerate(lines):
+        match = _HEAD.match(line)
+        if match is not None and match.group(1) != "waypoint" and not (index == 0 and '"skipped_waypoints"' in line):
+            continue
+        if match is not None and match.group(2) is not None:
+            highest = max(highest, int(match.group(2)))
+            continue
+        if '"waypoint"' not in line and '"skipped_waypoints"' not in line:
+            continue
+        try:  # an unexpected shape: decode this one line
+            event = json.loads(line)
+        except ValueError:
+            continue  # damage: events() names it
+        if not isinstance(event, dict):
+            continue
+        if event.get("type") == "waypoint" and isinstance(event.get("n"), int):
+            highest = max(highest, event["n"])
+        if index == 0 and isinstance(event.get("skipped_waypoints"), list):
+            skipped = {n for n in event["skipped_waypoints"] if isinstance(n, int)}
+    return highest, skipped
+
+
+def _check_views(run_id: str, run_dir: Path, lines: Sequence[str], shown: tuple[list[int], int]) -> None:
+    """Raise JournalCorruptionError if the views show a waypoint the journal does not hold.
+
+    Views are rendered after an append is durable, so they may lag the journal but never lead it.
+    """
+    numbers, latest = shown
+    if not numbers and not latest:
+        return
+    highest, skipped = _highest_waypoint(lines)
+    ahead = [(n, f"waypoint-{n}.md") for n in numbers if n > highest and n not in skipped]
+    if latest > highest:
+        ahead.append((latest, f"latest = {latest}"))
+    if not ahead:
+        return
+    n, view = max(ahead)
+    holds = f"waypoints up to {highest}" if highest else "no waypoint"
+    path = run_dir / JOURNAL
+    raise JournalCorruptionError(
+        f"run {run_id!r}: {str(path)!r} holds {holds} but the views show waypoint {n} ({view}): the journal was emptied or cut "
+        "short; restore journal.jsonl from a backup; nothing was changed",
+        run_id=run_id, path=str(path), journal_waypoint=highest, views_waypoint=n,
+    )
+
+
 def _journal_run_id(run_dir: Path) -> str | None:
+    """The run id the journal's first event names, if it is a valid one (a ``~digest`` directory's id)."""
     try:
         with open(run_dir / JOURNAL, encoding="utf-8") as handle:
             first = json.loads(handle.readline())
-    except (OSError, ValueError):
+        return validate_run_id(first.get("run_id"))
+    except (OSError, ValueError, AttributeError):  # InvalidRunId is a ValueError
         return None
-    return first.get("run_id") if isinstance(first, dict) else None
 
 
 __all__ = ["LocalDirectoryStore", "LocalStore"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 from typing import Sequence
 
-from ..errors import LeaseLost, RunLocked
+from ..errors import InvalidStoreUrl, LeaseLost, RunLocked
 from .base import Lease, ObjectStore, Store, describe_holder, holder_info
 
 _SPACES: dict[str, "_Space"] = {}
@@ -96,13 +96,23 @@ class MemoryStore(Store):
 
     @classmethod
     def from_url(cls, url: str) -> "MemoryStore":
-        return cls(url.split("://", 1)[1].strip("/"))
+        """``memory://name``: stores of one name share their runs within this process; no options."""
+        from .urls import split_url
 
-    def load(self, run_id: str) -> list[str]:
+        parts = split_url(url, "memory://name")
+        if parts.query or parts.fragment:
+            raise InvalidStoreUrl(f"memory:// URLs take no options, got {url!r}; use memory://name", url=url)
+        return cls(url.split("://", 1)[1].split("?", 1)[0].strip("/"))
+
+    def private_to_user(self) -> bool:
+        """True: only this process can write an in-process store."""
+        return True
+
+    def _load(self, run_id: str) -> list[str]:
         with self._space.lock:
             return list(self._space.journals.get(run_id, ()))
 
-    def append(self, run_id: str, lines: Sequence[str], *, lease: Lease, seq: int, sync: bool = True) -> None:
+    def _append(self, run_id: str, lines: Sequence[str], *, lease: Lease, seq: int, sync: bool = True) -> None:
         with self._space.lock:
             if not lease.held:
                 lease.check()
@@ -115,7 +125,7 @@ class MemoryStore(Store):
                 )
             journal.extend(lines)
 
-    def acquire(self, run_id: str) -> Lease:
+    def _acquire(self, run_id: str) -> Lease:
         with self._space.lock:
             current = self._space.holders.get(run_id)
             if current is not None:
@@ -134,7 +144,7 @@ class MemoryStore(Store):
         with self._space.lock:
             return sorted(k for k, v in self._space.journals.items() if v)
 
-    def remove(self, run_id: str) -> bool:
+    def _remove(self, run_id: str) -> bool:
         with self._space.lock:
             current = self._space.holders.get(run_id)
             if current is not None:

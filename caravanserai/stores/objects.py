@@ -16,15 +16,18 @@ The constructor takes one ``ObjectStorage`` — three methods over a bucket, ``g
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from datetime import timedelta
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
+from urllib.parse import urlsplit
 
-from ..errors import LeaseLost, ObjectConditionalPutRequired, ObjectLeaseTtlInvalid, RunLocked, StoreUnavailable
+from ..errors import InvalidStoreUrl, LeaseLost, ObjectConditionalPutRequired, ObjectLeaseTtlInvalid, RunLocked
 from .base import ObjectStore, Store, describe_holder, holder_info
 from .leases import MIN_TTL, ExpiringLease
-from .obstore_objects import _Exists, _Missing, _obstore, ObstoreObjects
+from .obstore_objects import ObstoreObjects, _Exists, _Missing, _obstore, is_panic
+from .urls import first_line, parse_bool, parse_options, redact, split_url
 
 DEFAULT_PREFIX = "caravanserai/durable/"
 
@@ -48,12 +51,15 @@ class ObstoreStorage:
 
     def get(self, key: str) -> tuple[bytes, str] | None:
         obs, _ = _obstore()
+
+        def read() -> tuple[bytes, str]:  # the body streams: errors may surface while reading it
+            result = obs.get(self.objects.store, key)
+            return bytes(result.bytes()), _version(result.meta)
+
         try:
-            result = self.objects._call(obs.get, self.objects.store, key)
+            return self.objects._call(read)
         except _Missing:
             return None
-        meta = result.meta
-        return bytes(result.bytes()), _version(meta)
 
     def put(self, key: str, data: bytes, if_match: str | None = None) -> str:
         obs, _ = _obstore()
@@ -173,7 +179,7 @@ class ObjectDurableStore(Store):
         return sorted(k for k in self.storage.list(base) if k.startswith(base))
 
     # ---- journal face --------------------------------------------------------------------
-    def load(self, run_id: str) -> list[str]:
+    def _load(self, run_id: str) -> list[str]:
         lines: list[str] = []
         for key in self._chunks(run_id):
             found = self.storage.get(key)
@@ -181,7 +187,7 @@ class ObjectDurableStore(Store):
                 lines.extend(found[0].decode("utf-8").split("\n"))
         return lines
 
-    def acquire(self, run_id: str) -> ObjectLease:
+    def _acquire(self, run_id: str) -> ObjectLease:
         self._need_conditional("acquire()")
         started = time.monotonic()
         holder = {**holder_info(), "lease": uuid.uuid4().hex}
@@ -208,11 +214,12 @@ class ObjectDurableStore(Store):
                 break
             except PreconditionFailed:
                 fence += 1
-        next_seq = len(self.load(run_id))
+        next_seq = len(self._load(run_id))
         return ObjectLease(self, run_id, token, holder, etag, started, fence + 1, next_seq)
 
-    def append(self, run_id: str, lines: Sequence[str], *, lease: Any, seq: int, sync: bool = True) -> None:
-        assert isinstance(lease, ObjectLease) and lease.run_id == run_id
+    def _append(self, run_id: str, lines: Sequence[str], *, lease: Any, seq: int, sync: bool = True) -> None:
+        if not isinstance(lease, ObjectLease) or lease.run_id != run_id or lease.store is not self:
+            raise ValueError(f"append to run {run_id!r} needs a lease on that run from this store")
         lease.check()
         if seq != lease.next_seq:
             raise ValueError(f"append to run {run_id!r} at seq {seq}, but the journal's next seq is {lease.next_seq}")
@@ -229,7 +236,7 @@ class ObjectDurableStore(Store):
         base = f"{self.prefix}journal/"
         return sorted({k[len(base):].split("/", 1)[0] for k in self.storage.list(base) if k.startswith(base)})
 
-    def remove(self, run_id: str) -> bool:
+    def _remove(self, run_id: str) -> bool:
         found = self.storage.get(self._lease_key(run_id))
         if found:
             current = json.loads(found[0])
@@ -248,29 +255,109 @@ class ObjectDurableStore(Store):
         return self._objects
 
 
+# URL query option -> (where it goes, obstore key, conversion). "config" goes to the store's config,
+# "client" to its HTTP client options, "ours" to ObjectDurableStore. Nothing else is accepted.
+_COMMON: dict[str, tuple[str, str, Callable[[str], Any]]] = {
+    "allow_http": ("client", "allow_http", parse_bool),
+    "timeout": ("client", "timeout", str),
+    "connect_timeout": ("client", "connect_timeout", str),
+    "lease_ttl_ms": ("ours", "lease_ttl_ms", int),
+    "skip_signature": ("config", "skip_signature", parse_bool),
+}
+URL_OPTIONS: dict[str, dict[str, tuple[str, str, Callable[[str], Any]]]] = {
+    "s3": {
+        **_COMMON,
+        "endpoint": ("config", "endpoint", str),
+        "region": ("config", "region", str),
+        "access_key_id": ("config", "access_key_id", str),
+        "secret_access_key": ("config", "secret_access_key", str),
+        "session_token": ("config", "session_token", str),
+        "virtual_hosted_style_request": ("config", "virtual_hosted_style_request", parse_bool),
+        "metadata_endpoint": ("config", "metadata_endpoint", str),
+    },
+    "gs": {
+        **_COMMON,
+        "endpoint": ("config", "base_url", str),
+        "service_account": ("config", "service_account", str),
+        "service_account_key": ("config", "service_account_key", str),
+        "application_credentials": ("config", "application_credentials", str),
+    },
+    "az": {
+        **_COMMON,
+        "endpoint": ("config", "endpoint", str),
+        "account_name": ("config", "account_name", str),
+        "account_key": ("config", "account_key", str),
+        "sas_key": ("config", "sas_key", str),
+        "client_id": ("config", "client_id", str),
+        "client_secret": ("config", "client_secret", str),
+        "tenant_id": ("config", "tenant_id", str),
+        "use_emulator": ("config", "use_emulator", parse_bool),
+    },
+}
+_ENDPOINT_CHARS = re.compile(r"[A-Za-z0-9._~:/%@!$&'()*+,;=\[\]-]+")
+
+
+def _check_endpoint(value: str, option: str, shown: str) -> str:
+    """``value`` if it is an absolute http(s) URL obstore can use, else a one-line InvalidStoreUrl."""
+    problem = None
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number
+    except ValueError as exc:
+        problem = str(exc)
+    else:
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            problem = "it must start with http:// or https:// and name a host"
+        elif not _ENDPOINT_CHARS.fullmatch(value):
+            problem = "it contains characters a URL cannot hold (spaces, quotes...)"
+        elif parts.query or parts.fragment:
+            problem = "it must not carry a query or fragment"
+    if problem:
+        raise InvalidStoreUrl(f"option {option}={value!r} in {shown!r} is not a valid endpoint: {problem}; "
+                              "use e.g. endpoint=http://127.0.0.1:9000", url=shown, option=option)
+    return value
+
+
 def from_obstore_url(url: str) -> ObjectDurableStore:
     """``s3://bucket/prefix``, ``gs://…``, ``az://…`` through obstore; options in the query string
-    (``endpoint``, ``region``, ``lease_ttl_ms``…), credentials from the usual environment variables."""
-    from urllib.parse import parse_qsl, urlsplit
-
+    (``URL_OPTIONS``: endpoint, region, credentials, ``allow_http``, ``lease_ttl_ms``…), other
+    settings and credentials from the usual environment variables."""
     obs, _ = _obstore()
     from obstore.store import from_url
 
-    parts = urlsplit(url)
-    options = dict(parse_qsl(parts.query))
-    ttl = int(options.pop("lease_ttl_ms", 30_000))
+    shown = redact(url)
+    parts = split_url(url, "s3://bucket/prefix?option=value")
+    scheme = parts.scheme.lower()
+    table = URL_OPTIONS[scheme]
+    if not parts.netloc or "@" in parts.netloc or parts.fragment:
+        raise InvalidStoreUrl(f"{shown!r} must look like {scheme}://bucket/prefix?option=value (a bucket, no "
+                              "credentials before it, no #fragment)", url=shown)
+    given = parse_options(parts.query, {name: entry[2] for name, entry in table.items()}, url)
+    config: dict[str, Any] = {}
     client: dict[str, Any] = {}
-    if options.get("endpoint", "").startswith("http://") or options.pop("allow_http", "").lower() in ("1", "true"):
-        client["allow_http"] = True
-    bucket_url = f"{parts.scheme}://{parts.netloc}"
+    ours: dict[str, Any] = {}
+    for name, value in given.items():
+        where, key, _ = table[name]
+        if name in ("endpoint", "metadata_endpoint"):
+            value = _check_endpoint(value, name, shown)
+            if name == "endpoint" and value.startswith("http://"):
+                client.setdefault("allow_http", True)
+        {"config": config, "client": client, "ours": ours}[where][key] = value
+    bucket_url = f"{scheme}://{parts.netloc}"
     try:
-        store = from_url(bucket_url, client_options=client or None,
-                         retry_config={"max_retries": 2, "retry_timeout": timedelta(seconds=10)}, **options)
-    except Exception as exc:
-        raise StoreUnavailable(f"cannot open {url!r}: {exc}", url=url) from exc
+        store = from_url(bucket_url, config=config or None, client_options=client or None,
+                         retry_config={"max_retries": 2, "retry_timeout": timedelta(seconds=10)})
+    except BaseException as exc:  # obstore raises its own errors, ValueError, or a Rust panic
+        if not isinstance(exc, Exception) and not is_panic(exc):
+            raise
+        raise InvalidStoreUrl(f"cannot open {shown!r}: {redact(first_line(exc))}; check the bucket and the options "
+                              f"({', '.join(sorted(table))})", url=shown) from None
     prefix = parts.path.strip("/")
-    return ObjectDurableStore(ObstoreStorage(store, bucket_url), conditional_put=True, lease_ttl_ms=ttl,
-                              prefix=f"{prefix}/" if prefix else DEFAULT_PREFIX, url=url.split("?", 1)[0])
+    try:
+        return ObjectDurableStore(ObstoreStorage(store, bucket_url), conditional_put=True, prefix=f"{prefix}/" if prefix
+                                  else DEFAULT_PREFIX, url=url.split("?", 1)[0], **ours)
+    except ObjectLeaseTtlInvalid as exc:
+        raise InvalidStoreUrl(f"{exc.message} in {shown!r}", url=shown, option="lease_ttl_ms") from None
 
 
 ObjectDurableStore.from_url = staticmethod(from_obstore_url)  # type: ignore[attr-defined]

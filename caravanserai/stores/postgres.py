@@ -3,19 +3,24 @@
 The URL is a libpq URL plus caravanserai's own query options, which are removed before
 connecting: ``table`` (default ``caravanserai_durable_journal``), ``lease_ttl_ms`` (30000) and
 ``create_schema`` (``1`` to run ``SqlDurableStore.schema("postgres")``; otherwise the tables must
-exist: ``caravanserai store init URL`` creates them). Needs ``pip install 'caravanserai[postgres]'``.
+exist: ``caravanserai store init URL`` creates them). Every other option goes to libpq, which
+refuses the ones it does not know: that is an ``InvalidStoreUrl`` (one line, password redacted),
+and a server that cannot be reached is ``StoreUnavailable``. Needs
+``pip install 'caravanserai[postgres]'``.
 """
 
 from __future__ import annotations
 
 import re
 from typing import Any, Sequence
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlunsplit
 
-from ..errors import MissingExtra, StoreUnavailable
-from .sql import DEFAULT_TABLE, SqlDurableStore, _options
+from ..errors import InvalidStoreUrl, MissingExtra, StoreUnavailable
+from .sql import DEFAULT_TABLE, SqlDurableStore
+from .urls import check_options, first_line, parse_bool, redact, split_url
 
-_OURS = {"table": str, "lease_ttl_ms": int, "create_schema": lambda v: v.lower() in ("1", "true", "yes")}
+_BAD_OPTION = re.compile(r"connection is bad: invalid|invalid connection option|invalid \w+ value")
+_OURS = {"table": str, "lease_ttl_ms": int, "create_schema": parse_bool}
 
 
 def psycopg_exec(dsn: str) -> Any:
@@ -24,11 +29,18 @@ def psycopg_exec(dsn: str) -> Any:
         import psycopg
     except ImportError as exc:
         raise MissingExtra("postgresql:// stores need psycopg 3: pip install 'caravanserai[postgres]'", extra="postgres") from exc
+    shown = _redact(dsn)
     try:
         conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
-    except psycopg.OperationalError as exc:
-        raise StoreUnavailable(f"cannot connect to PostgreSQL at {_redact(dsn)}: {str(exc).strip().splitlines()[0]}; "
-                               "check that the server runs and the URL", url=_redact(dsn)) from None
+    except psycopg.Error as exc:
+        reason = redact(first_line(exc))
+        if not isinstance(exc, psycopg.ProgrammingError) and not _BAD_OPTION.search(reason):
+            raise StoreUnavailable(f"cannot connect to PostgreSQL at {shown}: {reason}; check that the server runs "
+                                   "and the URL", url=shown) from None
+        # libpq could not parse the DSN, or refused an option's value
+        raise InvalidStoreUrl(f"PostgreSQL refused the URL {shown}: {reason}; caravanserai's own "
+                              f"options are {', '.join(sorted(_OURS))}, any other must be a libpq parameter "
+                              "(sslmode, connect_timeout, application_name...)", url=shown) from None
 
     converted: dict[str, str] = {}  # $n placeholders -> psycopg's %s, once per statement
 
@@ -44,24 +56,35 @@ def psycopg_exec(dsn: str) -> Any:
 
 
 def _redact(dsn: str) -> str:
-    return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", dsn)
+    return redact(dsn)
 
 
 class PostgresStore(SqlDurableStore):
     scheme = "postgresql"
 
     def __init__(self, dsn: str, *, table: str = DEFAULT_TABLE, lease_ttl_ms: int = 30_000, create_schema: bool = False) -> None:
-        super().__init__(psycopg_exec(dsn), "postgres", table, lease_ttl_ms=lease_ttl_ms, url=_redact(dsn),
-                         create_schema=create_schema)
+        exec_ = psycopg_exec(dsn)
+        try:
+            super().__init__(exec_, "postgres", table, lease_ttl_ms=lease_ttl_ms, url=_redact(dsn),
+                             create_schema=create_schema)
+        except BaseException:
+            exec_.connection.close()
+            raise
 
     @classmethod
     def from_url(cls, url: str) -> "PostgresStore":
-        parts = urlsplit(url)
-        query = parse_qsl(parts.query)
+        parts = split_url(url, "postgresql://user@host:5432/db?option=value")
+        shown = _redact(url)
+        try:
+            query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=bool(parts.query))
+        except ValueError:
+            raise InvalidStoreUrl(f"cannot read the options of {shown!r}; write them as ?name=value&name=value",
+                                  url=shown) from None
         ours = {k: v for k, v in query if k in _OURS}
         theirs = [(k, v) for k, v in query if k not in _OURS]
+        options = check_options(ours, _OURS, shown)
         dsn = urlunsplit(("postgresql", parts.netloc, parts.path, urlencode(theirs), parts.fragment))
-        return cls(dsn, **_options(ours, _OURS, url))
+        return cls(dsn, **options)
 
-    def close(self) -> None:
+    def _close(self) -> None:
         self._exec.connection.close()  # type: ignore[attr-defined]

@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import re
 import threading
 import time
 import uuid
 from typing import Any, Callable, Sequence
 
-from ..errors import LeaseLost, RunLocked, StoreUnavailable
-from .base import ObjectStore, Store, describe_holder, holder_info
+from ..errors import CaravanseraiError, InvalidStoreUrl, LeaseLost, RunLocked, StoreFull, StoreUnavailable
+from .base import ObjectStore, Store, describe_holder, holder_info, os_failure
 from .leases import MIN_TTL, ExpiringLease
+from .urls import first_line, parse_options, split_url
 
 DEFAULT_TABLE = "caravanserai_durable_journal"
 _NOW = {
@@ -155,27 +157,35 @@ class SqlDurableStore(Store):
                 if inspect.isawaitable(rows):
                     self._async = self._async or _AsyncRunner()
                     rows = self._async.run(rows)
-            except (RunLocked, LeaseLost):
+            except CaravanseraiError:
                 raise
             except Exception as exc:
                 if _is_conflict(exc):
                     raise _Conflict(str(exc)) from exc
-                raise StoreUnavailable(f"SQL store {self.url} failed: {type(exc).__name__}: {exc}; check the database "
-                                       "connection and that the schema exists (SqlDurableStore.schema)", url=self.url) from exc
+                raise self._db_failure(exc) from exc
         return list(rows or [])
+
+    def _db_failure(self, exc: Exception) -> StoreUnavailable:
+        """One line for a database error: StoreFull for a full disk, else StoreUnavailable."""
+        reason = first_line(exc)
+        if _is_full(exc):
+            return StoreFull(f"the SQL store {self.url} is full ({type(exc).__name__}: {reason}): free disk space on "
+                             "the database server or raise its quota, then retry; nothing was written", url=self.url)
+        return StoreUnavailable(f"SQL store {self.url} failed: {type(exc).__name__}: {reason}; check the database "
+                                "connection and that the schema exists (SqlDurableStore.schema)", url=self.url)
 
     def _q(self, name: str, params: Sequence[Any]) -> list:
         return self.exec(self._queries[name], params)
 
     # ---- journal face --------------------------------------------------------------------
-    def load(self, run_id: str) -> list[str]:
+    def _load(self, run_id: str) -> list[str]:
         lines: list[str] = []
         for (text,) in self._q("load", (run_id,)):
             if text:
                 lines.extend(text.split("\n"))
         return lines
 
-    def acquire(self, run_id: str) -> SqlLease:
+    def _acquire(self, run_id: str) -> SqlLease:
         started = time.monotonic()
         holder = {**holder_info(), "lease": uuid.uuid4().hex}
         rows = self._q("acquire", (run_id, _json(holder), self.ttl_ms))
@@ -194,8 +204,9 @@ class SqlDurableStore(Store):
             lease._stop.set()
         return lease
 
-    def append(self, run_id: str, lines: Sequence[str], *, lease: Any, seq: int, sync: bool = True) -> None:
-        assert isinstance(lease, SqlLease) and lease.run_id == run_id
+    def _append(self, run_id: str, lines: Sequence[str], *, lease: Any, seq: int, sync: bool = True) -> None:
+        if not isinstance(lease, SqlLease) or lease.run_id != run_id or lease.store is not self:
+            raise ValueError(f"append to run {run_id!r} needs a lease on that run from this store")
         lease.check()
         if seq != lease.next_seq:
             raise ValueError(f"append to run {run_id!r} at seq {seq}, but the journal's next seq is {lease.next_seq}")
@@ -213,7 +224,7 @@ class SqlDurableStore(Store):
     def list(self) -> list[str]:
         return sorted(r[0] for r in self._q("list", ()))
 
-    def remove(self, run_id: str) -> bool:
+    def _remove(self, run_id: str) -> bool:
         live = self._q("live_holder", (run_id,))
         if live:
             raise RunLocked(f"run {run_id!r} is being written by {describe_holder(_parse(live[0][0]))}; stop it before "
@@ -234,6 +245,12 @@ class _Conflict(Exception):
 def _is_conflict(exc: Exception) -> bool:
     name = type(exc).__name__
     return name in ("IntegrityError", "UniqueViolation") or "UNIQUE constraint" in str(exc)
+
+
+def _is_full(exc: Exception) -> bool:
+    # SQLite: SQLITE_FULL ("database or disk is full"); PostgreSQL: SQLSTATE 53100 disk_full / 54000 limits.
+    return (getattr(exc, "sqlite_errorname", "") == "SQLITE_FULL" or "database or disk is full" in str(exc)
+            or getattr(exc, "sqlstate", None) == "53100" or type(exc).__name__ == "DiskFull")
 
 
 def _json(value: Any) -> str:
@@ -290,13 +307,22 @@ def _dollar(query: str) -> str:
 
 
 def sqlite_exec(path: str) -> Callable[[str, Sequence[Any]], list]:
-    """An ``exec`` on a SQLite file in WAL mode with ``synchronous=FULL`` (a commit is durable on return)."""
+    """An ``exec`` on a SQLite file in WAL mode with ``synchronous=FULL`` (a commit is durable on return).
+
+    The file is created 0o600 before SQLite opens it; SQLite gives ``-wal`` and ``-shm`` the
+    database file's mode, so all three stay private like the local store's files.
+    """
     import sqlite3
 
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
-    conn.execute("PRAGMA journal_mode=WAL")  # readers never block the writer; several processes share the file
-    conn.execute("PRAGMA synchronous=FULL")  # fsync the WAL at every commit: durable when append returns
-    conn.execute("PRAGMA busy_timeout=30000")  # wait for another process's transaction instead of failing
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")  # readers never block the writer; several processes share the file
+        conn.execute("PRAGMA synchronous=FULL")  # fsync the WAL at every commit: durable when append returns
+        conn.execute("PRAGMA busy_timeout=30000")  # wait for another process's transaction instead of failing
+    except BaseException:
+        conn.close()
+        raise
 
     def run(query: str, params: Sequence[Any]) -> list:
         return conn.execute(query, params).fetchall()
@@ -305,36 +331,49 @@ def sqlite_exec(path: str) -> Callable[[str, Sequence[Any]], list]:
     return run
 
 
+SQLITE_OPTIONS: dict[str, Callable[[str], Any]] = {"table": str, "lease_ttl_ms": int}
+_SQLITE_FORMS = ("use sqlite:///runs.db for a path relative to the current directory or sqlite:////abs/path/runs.db "
+                 "for an absolute one")
+
+
 class SqliteStore(SqlDurableStore):
     """``sqlite:///path.db``: an embedded store several local processes and kernels can share."""
 
     scheme = "sqlite"
 
     def __init__(self, path: str, *, table: str = DEFAULT_TABLE, lease_ttl_ms: int = 30_000) -> None:
-        import os
+        import sqlite3
 
         path = os.path.abspath(os.path.expanduser(path))
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        super().__init__(sqlite_exec(path), "sqlite", table, lease_ttl_ms=lease_ttl_ms, url=f"sqlite:///{path}",
-                         create_schema=True)
+        url = f"sqlite:///{path}"
+        try:
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            exec_ = sqlite_exec(path)
+        except OSError as exc:
+            raise os_failure(exc, f"SQLite store {path!r}", "opening the database") from exc
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"cannot open the SQLite store {path!r}: {first_line(exc)}; check that the path is a "
+                                   "SQLite database file this user can write", url=url) from exc
+        try:
+            super().__init__(exec_, "sqlite", table, lease_ttl_ms=lease_ttl_ms, url=url, create_schema=True)
+        except BaseException:
+            exec_.connection.close()  # type: ignore[attr-defined]
+            raise
         self.path = path
 
     @classmethod
     def from_url(cls, url: str) -> "SqliteStore":
-        from urllib.parse import parse_qs, urlsplit
+        from urllib.parse import unquote
 
-        parts = urlsplit(url)
+        parts = split_url(url, "sqlite:///runs.db")
         # As SQLAlchemy: sqlite:///relative.db, sqlite:////absolute/path.db
-        path = parts.path[1:] if parts.netloc in ("", "localhost") else f"/{parts.netloc}{parts.path}"
-        options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-        return cls(path, **_options(options, {"table": str, "lease_ttl_ms": int}, url))
+        if parts.netloc not in ("", "localhost"):
+            raise InvalidStoreUrl(f"{url!r} puts {parts.netloc!r} where a host goes; {_SQLITE_FORMS}", url=url)
+        path = unquote(parts.path[1:])
+        if not path or path.endswith("/") or parts.fragment:
+            raise InvalidStoreUrl(f"{url!r} names no database file; {_SQLITE_FORMS}", url=url)
+        options = parse_options(parts.query, SQLITE_OPTIONS, url)
+        return cls(path, **options)
 
-    def close(self) -> None:
+    def _close(self) -> None:
         self._exec.connection.close()  # type: ignore[attr-defined]
-
-
-def _options(given: dict[str, str], known: dict[str, type], url: str) -> dict[str, Any]:
-    unknown = set(given) - set(known)
-    if unknown:
-        raise ValueError(f"unknown option(s) {', '.join(sorted(unknown))} in {url!r}; known: {', '.join(sorted(known))}")
-    return {k: known[k](v) for k, v in given.items()}

@@ -22,7 +22,7 @@ from typing import Callable
 import pytest
 
 from .. import journal
-from ..errors import JournalCorruptionError, LeaseLost, ObjectNotFound, RunLocked
+from ..errors import InvalidRunId, JournalCorruptionError, LeaseLost, ObjectNotFound, RunLocked
 from ..stores.base import ObjectStore, Store
 
 __all__ = ["ObjectStoreConformance", "StoreConformance", "journal_machine", "make_lines"]
@@ -180,6 +180,23 @@ class StoreConformance(ObjectStoreConformance):
         with pytest.raises(JournalCorruptionError) as info:
             store.events(run_id)
         assert info.value.line == 3  # line 3 no longer chains to the edited line 2
+
+    @pytest.mark.parametrize("bad", ["../x", "a/b", "CON", "nul.txt", "a.", "x" * 300, "", None])
+    def test_invalid_run_ids_are_refused_before_anything_is_written(self, store: Store, bad: object) -> None:
+        before = store.list()
+        for call in (lambda: store.acquire(bad), lambda: store.load(bad), lambda: store.remove(bad),
+                     lambda: store.events(bad), lambda: store.torn_tail(bad), lambda: store.last_updated(bad)):
+            with pytest.raises(InvalidRunId) as info:
+                call()
+            assert info.value.code == "invalid_run_id" and "\n" not in str(info.value)
+        assert store.list() == before
+
+    def test_a_clean_journal_has_no_torn_tail(self, store: Store, run_id: str) -> None:
+        lines, _ = make_lines(run_id, 2)
+        with store.acquire(run_id) as lease:
+            store.append(run_id, lines, lease=lease, seq=0)
+        assert store.torn_tail(run_id) == 0
+        assert isinstance(store.private_to_user(), bool)
 
 def journal_machine(make_store: Callable[[], Store]):
     """A Hypothesis RuleBasedStateMachine checking a store's journal against a list model."""

@@ -1,0 +1,88 @@
+"""Every Python block of the README runs exactly as printed.
+
+Plain blocks run as scripts in a fresh directory (one process each, the default store there).
+Notebook blocks (those using ``%`` magics) run in order in a REAL kernel through nbclient, with
+``OPENAI_BASE_URL`` pointing at the local model server behind a CountingProxy; run a second time
+in a new kernel, they send no request (the journal answers). Skips locally without the model
+server; fails under CI=true.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import PYTHON, REPO, need_kernel_packages
+
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+
+
+def blocks(path: Path) -> list[tuple[int, str]]:
+    """(line number, source) of each ```python block."""
+    text = path.read_text(encoding="utf-8")
+    return [(text[: m.start()].count("\n") + 1, m.group(2)) for m in FENCE.finditer(text) if m.group(1) == "python"]
+
+
+def is_notebook(source: str) -> bool:
+    return any(line.startswith("%") for line in source.splitlines())
+
+
+README = REPO / "README.md"
+SCRIPTS = [(line, source) for line, source in blocks(README) if not is_notebook(source)]
+NOTEBOOK = [source for _, source in blocks(README) if is_notebook(source)]
+
+# What each script block must leave behind, beyond exiting 0 (keyed by a line of the block).
+EXPECT = {
+    'for name in resumable_iterate(["a.txt", "b.txt", "c.txt"], run_id="convert-files"):':
+        ("convert-files", "3 waypoint(s)", "completed"),
+    'do_the_task("five-steps", {"step": 0})': ("five-steps", "5 waypoint(s)", "completed"),
+    'with caravanserai.durable("nightly-report") as run:': ("nightly-report", "5 waypoint(s)", "completed"),
+    'print(len(log.heads()), "heads")': ("ticket-42", "2 heads", "pending"),  # the fork's steps 3-4 still to run
+}
+
+
+def test_the_readme_has_script_and_notebook_blocks():
+    assert len(SCRIPTS) >= 5 and len(NOTEBOOK) == 2
+
+
+@pytest.mark.parametrize("line,source", SCRIPTS, ids=[f"README.md:{line}" for line, _ in SCRIPTS])
+def test_readme_block_runs_as_printed(tmp_path, child_env, line, source):
+    proc = subprocess.run([PYTHON, "-c", source], cwd=tmp_path, env=child_env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for key, (run_id, shown, status) in EXPECT.items():
+        if key in source:
+            listed = subprocess.run([PYTHON, "-m", "caravanserai", "list"], cwd=tmp_path, env=child_env,
+                                    capture_output=True, text=True, timeout=60).stdout
+            assert run_id in listed and (shown in listed or shown in proc.stdout), (listed, proc.stdout)
+            assert next(row for row in listed.splitlines() if row.startswith(run_id)).endswith(status)
+
+
+def test_readme_notebook_cells_run_and_a_rerun_sends_nothing(tmp_path, model_server, proxy):
+    need_kernel_packages()
+    import nbformat
+    from nbclient import NotebookClient
+
+    from kernel_helpers import child_env
+
+    env = child_env(tmp_path)
+    env.update(OPENAI_BASE_URL=proxy.url + "/v1", OPENAI_API_KEY="local", OPENAI_MODEL=model_server.model)
+    check = ("print(sorted(summaries), {type(r).__name__ for r in summaries.values()}, "
+             "all(r.choices[0].message.content for r in summaries.values()))")
+
+    def execute() -> str:
+        nb = nbformat.v4.new_notebook()
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        nb.cells = [nbformat.v4.new_code_cell(source) for source in [*NOTEBOOK, check]]
+        NotebookClient(nb, timeout=180, kernel_name="python3",
+                       resources={"metadata": {"path": str(tmp_path)}}).execute(env=env)
+        return "".join(o.get("text", "") for o in nb.cells[-1].outputs if o.output_type == "stream")
+
+    assert execute().strip() == "['deserts', 'glaciers', 'rivers'] {'ChatCompletion'} True"
+    sent = len(proxy.posts("/chat/completions"))
+    assert sent == 3
+    assert execute().strip() == "['deserts', 'glaciers', 'rivers'] {'ChatCompletion'} True"  # re-shown from the journal
+    assert len(proxy.posts("/chat/completions")) == sent

@@ -1,0 +1,242 @@
+"""Typed JSON for notebook values (``caravanserai.values``) and the rule that data never chooses code.
+
+Round trips of ordinary values (no pickle), Hypothesis over nested structures, the class
+resolution rules, and forged saved-value entries naming arbitrary callables — for every codec
+that names a class, and for a journaled OpenAI response type — refused without calling anything
+(a marker file the callable would create must not appear).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import enum
+import json
+import os
+import subprocess
+import typing
+import uuid
+from decimal import Decimal
+from pathlib import Path, PurePosixPath
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import caravanserai
+from caravanserai import ClassNotAllowed, JournalCorruptionError, UntrustedPickle, durable, open_store, values
+from caravanserai.journal import dumps
+from caravanserai.namespace import encode_value
+from caravanserai.runs import read_events
+from durable_helpers import rewrite_journal
+
+
+class Colour(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+class Point(typing.NamedTuple):
+    x: int
+    y: int
+
+
+@dataclasses.dataclass
+class Reading:
+    sensor: str
+    at: dt.datetime
+    tags: set
+    seen: int = dataclasses.field(init=False, default=0)
+
+
+NAMESPACE = {"Colour": Colour, "Point": Point, "Reading": Reading}
+
+
+def round_trip(value, namespace=NAMESPACE):
+    return values.decode(json.loads(dumps(values.encode(value))), namespace)
+
+
+def test_ordinary_values_round_trip_with_their_types():
+    from zoneinfo import ZoneInfo
+
+    reading = Reading("t1", dt.datetime(2026, 3, 29, 1, 30, tzinfo=ZoneInfo("Europe/Paris")), {"a", "b"})
+    reading.seen = 3
+    value = {
+        1: "int key", (1, "a"): "tuple key", frozenset({2}): "frozenset key", False: "bool key", None: "none key",
+        "$t": "a key that looks like a tag", "when": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc),
+        "naive": dt.datetime(2026, 1, 1, 12, 30, 1, 5), "day": dt.date(2026, 2, 3), "clock": dt.time(4, 5, 6, 7),
+        "gap": dt.timedelta(days=-1, seconds=5, microseconds=3), "money": Decimal("10.10"), "id": uuid.UUID(int=7),
+        "raw": b"\x00\xffdata", "buffer": bytearray(b"xy"), "path": Path("/tmp/x"), "pure": PurePosixPath("a/b"),
+        "nan": float("nan"), "inf": float("-inf"), "z": 1 - 2j, "colour": Colour.BLUE, "point": Point(1, 2),
+        "reading": reading, "nested": [{"s": {1, 2}}, (3, [4, (5,)])], "big": 2**80,
+    }
+    back = round_trip(value)
+    assert set(back) == set(value)
+    for key, original in value.items():
+        restored = back[key]
+        if key == "nan":
+            assert restored != restored
+            continue
+        assert restored == original and type(restored) is type(original), key
+    assert back["reading"].at.tzinfo.key == "Europe/Paris" and back["reading"].seen == 3
+    assert type(back["nested"][1][1][1]) is tuple
+
+
+def test_numpy_and_pandas_values_round_trip():
+    np = pytest.importorskip("numpy")
+    pd = pytest.importorskip("pandas")
+    value = {"array": np.arange(6, dtype=np.int16).reshape(2, 3), "scalar": np.float32(1.25),
+             "frame": pd.DataFrame({"a": [1, 2], "b": ["x", "y"]}), "series": pd.Series([1.5, 2.5], name="s"),
+             "stamp": pd.Timestamp("2026-05-01T12:00:00Z")}
+    back = round_trip(value)
+    assert np.array_equal(back["array"], value["array"]) and back["array"].dtype == np.int16
+    assert back["scalar"] == np.float32(1.25) and back["scalar"].dtype == np.float32
+    assert back["frame"].equals(value["frame"]) and back["series"].equals(value["series"])
+    assert back["series"].name == "s" and back["stamp"] == value["stamp"]
+
+
+def test_the_same_set_always_encodes_to_the_same_bytes():
+    one = dumps(values.encode({"s": {3, 1, 2, "a", (1, 2)}}))
+    two = dumps(values.encode({"s": {(1, 2), "a", 2, 1, 3}}))
+    assert one == two
+
+
+def test_what_typed_json_cannot_hold_is_named():
+    gen = (i for i in range(3))
+    with pytest.raises(values.Unencodable) as info:
+        values.encode({"ok": 1, "bad": [gen]})
+    assert "value['bad'][0]" in str(info.value) and "generator" in str(info.value)
+    loop: list = []
+    loop.append(loop)
+    with pytest.raises(values.Unencodable, match="refers back to itself"):
+        values.encode(loop)
+    with pytest.raises(caravanserai.SerializationError) as info:
+        encode_value("gen", gen)
+    assert info.value.fields["kind"] == "generator" and "\n" not in str(info.value)
+
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=5),
+                    st.binary(max_size=5), st.decimals(allow_nan=False, allow_infinity=False, places=3),
+                    st.datetimes(timezones=st.one_of(st.none(), st.just(dt.timezone.utc))), st.dates(),
+                    st.timedeltas(), st.uuids())
+keys = st.one_of(st.integers(), st.text(max_size=4), st.tuples(st.integers(), st.text(max_size=2)), st.booleans())
+nested = st.recursive(scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.tuples(inner, inner), st.dictionaries(keys, inner, max_size=4),
+    st.frozensets(st.integers(), max_size=4), st.sets(st.text(max_size=3), max_size=4)), max_leaves=20)
+
+
+@settings(max_examples=150, deadline=None)
+@given(nested)
+def test_nested_values_round_trip_exactly(value):
+    back = round_trip(value)
+    assert back == value
+    assert dumps(values.encode(back)) == dumps(values.encode(value))  # and types too (1 != True in JSON form)
+
+
+# ---- classes: the namespace, allow_class, defaults -------------------------------------------------
+def test_classes_resolve_only_through_the_namespace_the_allow_list_or_the_defaults():
+    encoded = json.loads(dumps(values.encode(Point(1, 2))))
+    with pytest.raises(ClassNotAllowed) as info:
+        values.decode(encoded, {})
+    assert "allow_class" in str(info.value) and info.value.code == "class_not_allowed"
+    import test_values as module  # a module the namespace holds: its classes resolve by attribute
+
+    assert values.decode(encoded, {"mod": module}) == Point(1, 2)
+    caravanserai.allow_class(Point)
+    try:
+        assert values.decode(encoded, {}) == Point(1, 2)
+    finally:
+        values._ALLOWED.clear()
+    assert "openai.types.chat.chat_completion:ChatCompletion" in values.allowed_classes()
+
+
+MARKER_CASES = ["typed-dataclass", "typed-pydantic", "typed-enum", "typed-namedtuple", "legacy-dataclass",
+                "legacy-pydantic"]
+
+
+def forged_entry(case: str, marker: Path) -> dict:
+    """A saved-variable entry whose class reference names a callable that would create ``marker``."""
+    popen = {"args": ["touch", str(marker)]}
+    if case == "legacy-dataclass":
+        return {"codec": "dataclass", "class": "subprocess:Popen", "data": json.dumps(popen)}
+    if case == "legacy-pydantic":
+        return {"codec": "pydantic", "class": "builtins:open", "data": json.dumps({"file": str(marker), "mode": "w"})}
+    tag = case.removeprefix("typed-")
+    body = {"namedtuple": ["touch", str(marker)], "enum": "x"}.get(tag, popen)
+    typed = {"$t": tag, "class": "subprocess:Popen", "v": body}
+    return {"codec": "typed", "data": json.dumps({"outer": [typed]})}
+
+
+def save_one(project: Path, run_id: str, store=None) -> tuple[Path, list[dict]]:
+    namespace = {"value": {"plain": 1}}
+    with durable(run_id, store=store, capture=["value"], namespace=namespace) as run:
+        run.checkpoint({}, "saved")
+    store = open_store(store)
+    return Path(store.url.removeprefix("file://")) / run_id / "journal.jsonl", read_events(run_id, store)
+
+
+@pytest.mark.parametrize("case", MARKER_CASES)
+def test_a_forged_class_reference_calls_nothing(project, case):
+    marker = project / "marker"
+    path, events = save_one(project, f"forged-{case}")
+    for event in events:
+        if "names" in event:
+            event["names"]["values"]["value"] = forged_entry(case, marker)
+    events = [e for e in events if e["type"] != "run_completed"]
+    rewrite_journal(path, events)  # the hash chain verifies: only the entry is hostile
+    namespace: dict = {"subprocess": subprocess, "open": open}  # reachable, yet never called
+    with pytest.raises(ClassNotAllowed) as info:
+        with durable(f"forged-{case}", capture=["value"], namespace=namespace):
+            pass
+    assert "nothing was called" in str(info.value) and "\n" not in str(info.value)
+    assert not marker.exists() and "value" not in namespace
+
+
+def test_a_forged_pickle_from_a_store_that_is_not_private_is_refused(project):
+    marker = project / "marker"
+    path, events = save_one(project, "forged-pickle")
+    payload = b"cos\nsystem\n(S'touch " + str(marker).encode() + b"'\ntR."
+    import base64
+
+    for event in events:
+        if "names" in event:
+            event["names"]["values"]["value"] = {"codec": "pickle", "signature": "0" * 64,
+                                                 "data": base64.b64encode(payload).decode()}
+    rewrite_journal(path, [e for e in events if e["type"] != "run_completed"])
+    os.chmod(path.parent.parent, 0o755)  # readable by others: not this user's private store any more
+    with pytest.raises(UntrustedPickle):
+        with durable("forged-pickle", capture=["value"], namespace={}):
+            pass
+    assert not marker.exists()
+
+
+def test_a_journaled_response_type_is_built_only_if_allowed(project):
+    from caravanserai.openai_client import _from_dict
+
+    marker = project / "marker"
+    forged = _from_dict({"type": "subprocess:Popen", "body": {"args": ["touch", str(marker)]}})
+    assert not marker.exists() and forged.args == ["touch", str(marker)]  # plain attributes, nothing called
+    openai = pytest.importorskip("openai")
+    body = {"id": "c1", "object": "chat.completion", "created": 1, "model": "m",
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}]}
+    rebuilt = _from_dict({"type": "openai.types.chat.chat_completion:ChatCompletion", "body": body})
+    assert isinstance(rebuilt, openai.types.chat.ChatCompletion) and rebuilt.choices[0].message.content == "hi"
+
+
+@pytest.mark.parametrize("entry", [
+    "not an object", {"codec": 3}, {"codec": "typed"}, {"codec": "typed", "data": "{not json"},
+    {"codec": "typed", "data": json.dumps({"$t": "no-such-tag", "v": 1})},
+    {"codec": "typed", "data": json.dumps({"$t": "dict", "v": [[[1], 2]]})},
+    {"codec": "typed", "data": json.dumps({"$t": "datetime", "v": "yesterday"})},
+    {"codec": "ndarray", "data": "!!!"}, {"codec": "json", "object": "0" * 64}, {"codec": "martian", "data": "x"},
+])
+def test_a_malformed_saved_entry_is_journal_damage_in_one_line(project, entry):
+    path, events = save_one(project, "malformed")
+    for event in events:
+        if "names" in event:
+            event["names"]["values"]["value"] = entry
+    rewrite_journal(path, [e for e in events if e["type"] != "run_completed"])
+    with pytest.raises((JournalCorruptionError, caravanserai.SerializationError)) as info:
+        with durable("malformed", capture=["value"], namespace={}):
+            pass
+    assert "\n" not in str(info.value)
