@@ -77,7 +77,7 @@ FSYNC = install_fsync_counter()
 sys.path.insert(0, str(REPO))
 import caravanserai  # noqa: E402
 from caravanserai.namespace import Snapshotter, encode_value  # noqa: E402
-from caravanserai.runs import _REGISTRY, open_run  # noqa: E402
+from caravanserai.runs import open_run, registry  # noqa: E402
 from caravanserai.stores import ENV_VAR, open_store  # noqa: E402
 from caravanserai.stores.local_views import RENDERER  # noqa: E402
 
@@ -277,7 +277,7 @@ class Notebook:
             self.probe.profiler = None
         after_cell = snap()
         if variant == "plain":
-            run = _REGISTRY.get(run_id, open_store(str(store)))
+            run = registry.get(run_id, open_store(str(store)))
             if run is not None:
                 run.close()  # flushes its views
         RENDERER.flush()

@@ -7,10 +7,11 @@ journal and waypoint notes a person can read (``caravanserai show RUN``).
 
 from __future__ import annotations
 
+from . import _moved
 from ._version import __version__
-from .agents import Agent, DiskDurableStore, Durable, RunResult, Tool, agent, run, tool
-from .calls import current_idempotency_key, settle
-from .durable_agent import DurableAgent
+from .agents.agent import Agent, DiskDurableStore, Durable, RunResult, Tool, agent, run, tool
+from .calls.journaled import current_idempotency_key
+from .checkpoints.agent import DurableAgent
 from .errors import (
     AgentMismatch,
     AmbiguousId,
@@ -53,16 +54,18 @@ from .errors import (
     UntrustedPickle,
     UsageError,
 )
-from .iterate import resumable_iterate
-from .ledger import Budget, Receipt
-from .models import Model, ModelResponse, OpenAICompatibleModel, auto
-from .namespace import trust_store
-from .openai_client import durable_client
-from .runs import Run, Waypoint, current_run, durable
+from .runs.iterate import resumable_iterate
+from .calls.ledger import Budget, Receipt
+from .calls.models import Model, ModelResponse, OpenAICompatibleModel, auto
+from .runs.snapshots import trust_store
+from .runs.openai_client import durable_client
+from .runs.lifecycle import current_run, durable
+from .runs.run import Run, Waypoint
+from .runs.settle import settle
 from .stores import LocalDirectoryStore, LocalStore, MemoryStore, ObjectStore, Store, open_store
-from .summary import input_is_replayable, run_summary
-from .values import allow_class
-from .waypoints import checkpoint, clean, complete, history, last_updated, load_command, load_latest, resumable
+from .runs.summary import input_is_replayable, run_summary
+from .runs.values import allow_class
+from .runs.api import checkpoint, clean, complete, history, last_updated, load_command, load_latest, resumable
 
 __all__ = [
     "Agent",
@@ -150,6 +153,8 @@ __all__ = [
     "unload_ipython_extension",
     "__version__",
 ]
+
+_moved.install()
 
 
 def load_ipython_extension(ipython):  # pragma: no cover - exercised through IPython

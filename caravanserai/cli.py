@@ -18,12 +18,12 @@ from typing import Any, NoReturn, Sequence
 
 from ._version import __version__
 from .errors import CaravanseraiError, ResumeError, RunNotFound, UsageError
-from .calls import settle
-from .ledger import Ledger
-from .runs import read_events, require_events
-from .summary import run_summary
+from .runs.settle import settle
+from .calls.ledger import Ledger
+from .runs.lifecycle import read_events, require_events
+from .runs.summary import run_summary
 from .stores import ENV_VAR, open_store
-from .waypoints import clean, readable_run_id
+from .runs.api import clean, readable_run_id
 from .cli_checkpoints import add_checkpoint_commands
 
 __all__ = ["main", "summarize"]
@@ -45,7 +45,7 @@ def summarize(run_id: str, events: Sequence[dict]) -> dict[str, Any]:
         status = "unknown"  # 0.2.0 never recorded whether a run finished
     checkpoints = None
     if any(e["type"] == "checkpoint_committed" for e in events):
-        from .checkpoints import log_status
+        from .checkpoints.log import log_status
 
         checkpoints = log_status(events)
         if checkpoints is not None and status == "pending":
@@ -238,7 +238,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .service import serve
+    from .stores.http_service import serve
     from .stores import default_store_url
 
     serve(args.backing or args.store or default_store_url(), host=args.host, port=args.port, token=args.token,

@@ -16,7 +16,7 @@ from typing import Any
 
 from .errors import RunNotFound, UsageError
 from .stores import open_store
-from .waypoints import readable_run_id
+from .runs.api import readable_run_id
 
 __all__ = ["add_checkpoint_commands"]
 
@@ -26,8 +26,8 @@ def _print_json(value: Any) -> None:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from .checkpoints import checkpoint_from_file_or_log
-    from .durable_agent import DurableAgent
+    from .checkpoints.log import checkpoint_from_file_or_log
+    from .checkpoints.agent import DurableAgent
 
     store = open_store(args.store) if not os.path.isfile(args.target) else None
     run_id = readable_run_id(args.run, store) if args.run and store is not None else args.run
@@ -55,7 +55,7 @@ def _record_for_people(rec: Any) -> dict[str, Any]:
 
 
 def cmd_lineage(args: argparse.Namespace) -> int:
-    from .checkpoints import CheckpointLog
+    from .checkpoints.log import CheckpointLog
 
     store = open_store(args.store)
     log = CheckpointLog(store, readable_run_id(args.run_id, store))
@@ -78,7 +78,7 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 
 
 def cmd_fork(args: argparse.Namespace) -> int:
-    from .checkpoints import CheckpointLog
+    from .checkpoints.log import CheckpointLog
 
     store = open_store(args.store)
     value: Any = args.value
@@ -94,7 +94,7 @@ def cmd_fork(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from .timelines import compare, timeline
+    from .checkpoints.timelines import compare, timeline
 
     store = open_store(args.store)
     runs = [readable_run_id(r, store) for r in (args.run_a, args.run_b)]

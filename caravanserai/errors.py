@@ -299,3 +299,11 @@ class UnknownNode(CaravanseraiError, KeyError):
 
 class AmbiguousId(CaravanseraiError, ValueError):
     code = "ambiguous_id"
+
+
+class RunClosed(CaravanseraiError):
+    code = "run_closed"
+
+
+class NoSuchCall(CaravanseraiError, LookupError):
+    code = "no_such_call"

@@ -5,16 +5,25 @@ with microseconds) and ``type``, then its own fields, then ``prev``: the first 3
 the SHA-256 of the previous line (absent on ``seq`` 0). The chain makes a changed, dropped or
 reordered line detectable, because a store is a trust boundary. Stores move whole lines; this
 module is the only place that builds or checks them. See ``docs/journal-format.md``.
+
+It is also the one JSON encoder of the package: ``dumps`` (compact, strict), ``canonical`` and
+``digest`` (sorted keys, for digests), and ``to_json`` — state must be JSON, encoded strictly, with
+an error that says exactly which value is not and what to do. Accepted: dict (str keys), list,
+tuple (stored as a list), str, int, finite float, bool, None. Refused with ``SerializationError``
+before anything is written: sets, bytes, objects, NaN/Infinity (0.2.0 wrote them as invalid
+tokens), non-str keys (0.2.0 silently turned ``{1: "a"}`` into ``{"1": "a"}``), circular
+references, text UTF-8 cannot hold.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from .errors import JournalCorruptionError, SerializationError
 
@@ -33,6 +42,27 @@ _ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan
 def dumps(value: Any) -> str:
     """Compact, strict (no NaN) JSON text: the one encoding used for journal lines."""
     return _ENCODER.encode(value)
+
+
+_CANONICAL: dict[Any, json.JSONEncoder] = {}
+
+
+def canonical(value: Any, *, default: Callable[[Any], Any] | None = repr) -> str:
+    """Canonical JSON (sorted keys, no spaces, UTF-8 text): the one form digests are taken of.
+
+    ``default`` turns a non-JSON value into something JSON (``repr`` for request digests); with
+    ``default=None`` non-JSON values and NaN are refused (checkpoint headers).
+    """
+    encoder = _CANONICAL.get(default)
+    if encoder is None:
+        encoder = _CANONICAL[default] = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":"),
+                                                         allow_nan=default is not None, default=default)
+    return encoder.encode(value)
+
+
+def digest(value: Any) -> str:
+    """SHA-256 hex of ``value``'s canonical JSON (request, definition and budget digests)."""
+    return hashlib.sha256(canonical(value).encode("utf-8")).hexdigest()
 
 
 def line_digest(line: str) -> str:
@@ -184,3 +214,74 @@ def _corrupt(run_id: str, index: int, message: str) -> JournalCorruptionError:
         run_id=run_id,
         line=index + 1,
     )
+
+
+# ---- state must be JSON ------------------------------------------------------------------------
+def to_json(state: Any, *, what: str = "state") -> str:
+    """Compact JSON text for ``state``, or SerializationError naming the offending path."""
+    try:
+        text = dumps(state)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise _explain(state, what, exc) from None
+    if _has_non_str_key(state):
+        raise _explain(state, what, None)
+    check_text(text, what)
+    return text
+
+
+_CONTAINERS = (dict, list, tuple)
+
+
+def _has_non_str_key(value: Any) -> bool:
+    # json.dumps silently turns {1: "a"} into {"1": "a"}; find such keys (iteratively: cheap per MB).
+    stack = [value]
+    pop, push = stack.pop, stack.append
+    while stack:
+        node = pop()
+        if isinstance(node, dict):
+            for key, item in node.items():
+                if not isinstance(key, str):
+                    return True
+                if isinstance(item, _CONTAINERS):
+                    push(item)
+        elif isinstance(node, _CONTAINERS):
+            for item in node:
+                if isinstance(item, _CONTAINERS):
+                    push(item)
+    return False
+
+
+def _explain(state: Any, what: str, exc: BaseException | None) -> SerializationError:
+    try:
+        found = _find_problem(state, what, set())
+    except RecursionError:
+        found = (what, "is nested too deeply to encode (hundreds of levels)")
+    if found is None:
+        path, problem = what, f"cannot be encoded as JSON ({exc})"
+    else:
+        path, problem = found
+    return SerializationError(
+        f"{path} {problem}; checkpoint state must be JSON (dict with str keys, list, str, int, float, bool, None): "
+        "convert it (e.g. list(a_set), str(obj), None for NaN) before checkpointing - nothing was written",
+        path=path,
+    )
+
+
+def _find_problem(value: Any, path: str, seen: set[int]) -> tuple[str, str] | None:
+    if value is None or isinstance(value, (str, bool, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path, f"is {value!r}, which JSON cannot represent")
+    if isinstance(value, (dict, list, tuple)):
+        if id(value) in seen:
+            return (path, "refers back to itself (a circular reference)")
+        seen = seen | {id(value)}
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            if isinstance(value, dict) and not isinstance(key, str):
+                return (f"{path}[{key!r}]", f"has a {type(key).__name__} key; JSON keys are strings (use str(key))")
+            found = _find_problem(item, f"{path}[{key!r}]", seen)
+            if found:
+                return found
+        return None
+    return (path, f"is a {type(value).__module__}.{type(value).__qualname__}, which is not JSON")

@@ -22,9 +22,9 @@ from typing import Any
 from caravanserai.cli import ArgumentParser
 from caravanserai.errors import CaravanseraiError, DefinitionChanged
 from caravanserai.errors import UsageError as CaravanseraiUsageError
-from caravanserai.ledger import digest
-from caravanserai.namespace import Snapshotter
-from caravanserai.runs import _CURRENT, open_checked, read_events
+from caravanserai.journal import digest
+from caravanserai.runs.snapshots import Snapshotter
+from caravanserai.runs.lifecycle import RunScope, open_checked, read_events
 from caravanserai.stores import open_store
 
 OUTPUT_LIMIT = 64 * 1024
@@ -127,9 +127,9 @@ class CellRun:
         self.restored: set[str] = set()
         self.deferred: dict = {}
         self.run: Any = None
+        self.scope: Any = None
         self.status: Any = None
         self._commits = 0
-        self._token: Any = None
         self._tee: _Tee | None = None
 
     # ---- called from the transformed cell ---------------------------------------------------
@@ -161,38 +161,40 @@ class CellRun:
         if self.args.fork:
             _prepare_fork(store, run_id, self.args.fork, definition, self.source)
             run_id = self.args.fork
-        identity = {} if self.args.restart else {"definition_sha256": definition}
-        events = read_events(run_id, store)
-        if events and not self.args.restart:
-            _check_source(run_id, events, definition, self.source)
-        self.run, self.owner = open_checked(run_id, store, identity)
-        run = self.run
+        self.scope = RunScope(run_id, store, not_failures=(CellChanged,))
+        self.run = run = self.scope.__enter__()
+        self.scope.ending = False  # until the cell's body runs, leaving records nothing
         try:
-            run.describe(cell_source=self.source, definition_sha256=definition)
-            if self.args.restart and events:
-                run.append({"type": "restarted", "definition_sha256": definition, "cell_source": self.source})
-            self.snapshot = Snapshotter(self.namespace, self.names, objects=store.objects, run_id=run_id,
-                                        store_url=store.url, strict=self.strict, trusted_store=store.private_to_user())
-            saved = run.saved_names or {}
-            if saved.get("values"):
-                self.restored = set(self.snapshot.restore(saved["values"], self.deferred, definable=self.defined))
-                self.restored |= set(self.deferred)  # restored once their class is defined (see at())
-                self.resume_at = saved.get("at")
-            if run.completed and run._completed and not self.args.restart:
-                self.execute = False  # completed: re-show, don't recompute
-            run.capture = self._capture
-            run.listeners.append(self._on_commit)
-            run._iterate_loops = 0
+            self._prepare(run, store, definition)
         except BaseException:
-            if self.owner:
-                run.close()
+            self.scope.__exit__(*sys.exc_info())
             raise
-        self._token = _CURRENT.set(run)
+        self.scope.ending = True
         self.status = StatusLine(self.shell, run, resumed=not self.args.restart and (bool(self.restored) or run.attempt > 1),
                                  restored=self.restored, completed=not self.execute, snapshot=self.snapshot)
         self._tee = _Tee(sys.stdout)
         sys.stdout = self._tee
         return self
+
+    def _prepare(self, run: Any, store: Any, definition: str) -> None:
+        """Check the cell's source against the run's, restart it if asked, put its variables back."""
+        events = run.opened_events
+        if events and not self.args.restart:
+            _check_source(run.run_id, events, definition, self.source)
+        run.describe(cell_source=self.source, definition_sha256=definition)
+        if self.args.restart and events:
+            run.append({"type": "restarted", "definition_sha256": definition, "cell_source": self.source})
+        self.snapshot = Snapshotter(self.namespace, self.names, objects=store.objects, run_id=run.run_id,
+                                    store_url=store.url, strict=self.strict, trusted_store=store.private_to_user())
+        saved = run.saved_names or {}
+        if saved.get("values"):
+            self.restored = set(self.snapshot.restore(saved["values"], self.deferred, definable=self.defined))
+            self.restored |= set(self.deferred)  # restored once their class is defined (see at())
+            self.resume_at = saved.get("at")
+        if run.completed_event is not None and not self.args.restart:
+            self.execute = False  # completed: re-show, don't recompute
+        run.capture = self._capture
+        run.listeners.append(self._on_commit)
 
     def __exit__(self, etype: Any, error: Any, tb: Any) -> bool:
         run = self.run
@@ -207,27 +209,21 @@ class CellRun:
                 if self.result is not None:
                     result["repr"] = repr(self.result)[:OUTPUT_LIMIT]
                     result["display"] = self._bundle(self.result)
-                run.complete(result, names={"values": self._values(), "at": None})
+                self.scope.result, self.scope.names = result, {"values": self._values(), "at": None}
             elif etype is None:
-                recorded = run._completed.get("result") or {}
+                self.scope.complete = False  # completed earlier: re-show its output, record nothing
+                recorded = (run.completed_event or {}).get("result") or {}
                 if recorded.get("stdout"):
                     sys.stdout.write(recorded["stdout"])
                 if "repr" in recorded:
                     self.result = _Recorded(recorded["repr"], recorded.get("display"))
-            elif issubclass(etype, KeyboardInterrupt):
-                pass  # Kernel > Interrupt: the run stays pending, resumable from its last commit
-            elif self.owner and not isinstance(error, CellChanged):
-                run.fail(error)
         finally:
             run.capture = None
             if self._on_commit in run.listeners:
                 run.listeners.remove(self._on_commit)
-            if self._token is not None:
-                _CURRENT.reset(self._token)
             if self.status is not None:
                 self.status.finish(etype)
-            if self.owner:
-                run.close()
+            self.scope.__exit__(etype, error, tb)
         return False
 
     def _bundle(self, value: Any) -> dict | None:
@@ -346,7 +342,7 @@ class StatusLine:
             parts.append("completed earlier: output re-shown, nothing recomputed")
         elif self.resumed:
             parts.append(f"resumed (attempt {run.attempt}" + (f", restored {', '.join(self.restored)}" if self.restored else "") + ")")
-        parts.append(f"{run._waypoint_count} waypoint(s)")
+        parts.append(f"{run.waypoint_count} waypoint(s)")
         done = sum(run.progress_done.values())
         if done:
             parts.append(f"{done} item(s) done")

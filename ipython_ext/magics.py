@@ -10,7 +10,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from caravanserai import cli
 from caravanserai.errors import UsageError as CaravanseraiUsageError
-from caravanserai.namespace import trust_store
+from caravanserai.runs.snapshots import trust_store
 from caravanserai.stores import ENV_VAR, open_store
 
 from .cell import parser

@@ -71,7 +71,7 @@ def test_usage_errors_exit_2(project, child_env):
 def test_corrupt_journal_is_one_line(project, child_env):
     checkpoint("r", {"a": 1}, "x")
     checkpoint("r", {"a": 2}, "y")
-    caravanserai.runs._REGISTRY.close_all()
+    caravanserai.runs.close_all()
     path = project / ".caravanserai" / "r" / "journal.jsonl"
     path.write_text(path.read_text().replace('"a":1', '"a":9'))
     proc = cli("show", "r", cwd=project, env=child_env, check_rc=1)
@@ -80,7 +80,7 @@ def test_corrupt_journal_is_one_line(project, child_env):
 
 def test_clean(project, child_env):
     checkpoint("r", {"a": 1}, "x")
-    caravanserai.runs._REGISTRY.close_all()
+    caravanserai.runs.close_all()
     assert cli("clean", "r", cwd=project, env=child_env).stdout == "deleted checkpoints for 'r'\n"
     assert cli("clean", "r", cwd=project, env=child_env, check_rc=1).stderr.strip() == "caravanserai: error: no checkpoints for run 'r'"
 
@@ -171,7 +171,7 @@ def test_verify_reports_each_run_and_fails_on_damage(project, child_env):
     checkpoint("good", {"a": 1}, "x")
     checkpoint("bad", {"a": 1}, "x")
     checkpoint("bad", {"a": 2}, "y")
-    caravanserai.runs._REGISTRY.close_all()
+    caravanserai.runs.close_all()
     assert cli("verify", cwd=project, env=child_env).stdout.splitlines() == ["bad\tok\t3 events", "good\tok\t2 events"]
     path = project / ".caravanserai" / "bad" / "journal.jsonl"
     path.write_text(path.read_text().replace('"a":1', '"a":7'))

@@ -107,7 +107,7 @@ def test_identity_mismatches_append_nothing(project, state):
 
 def test_agent_on_a_plain_checkpoint_run_is_agent_mismatch(project):
     caravanserai.checkpoint("plain-run", {"step": 1}, "a plain waypoint")
-    caravanserai.runs._REGISTRY.get("plain-run", caravanserai.open_store()).close()
+    caravanserai.runs.registry.get("plain-run", caravanserai.open_store()).close()
     path = project / ".caravanserai" / "plain-run" / "journal.jsonl"
     before = path.read_bytes()
     model = ScriptedModel([ANSWER])

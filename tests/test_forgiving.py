@@ -110,7 +110,7 @@ def test_list_marks_a_damaged_run_and_lists_the_others(project, capsys):
     for run_id in ("alpha", "broken", "gamma"):
         checkpoint(run_id, {"n": 1}, "one")
         checkpoint(run_id, {"n": 2}, "two")
-    caravanserai.runs._REGISTRY.close_all()
+    caravanserai.runs.close_all()
     path = project / ".caravanserai" / "broken" / "journal.jsonl"
     path.write_text(path.read_text().replace('"n":1', '"n":7'))
     code, out, _ = run_cli(capsys, "list")
@@ -134,7 +134,7 @@ def test_show_of_a_failed_run_shows_the_failure(project, capsys):
 
 def test_verify_reports_a_dropped_torn_tail(project, capsys):
     checkpoint("torn", {"n": 1}, "one")
-    caravanserai.runs._REGISTRY.close_all()
+    caravanserai.runs.close_all()
     path = project / ".caravanserai" / "torn" / "journal.jsonl"
     with open(path, "ab") as handle:
         handle.write(b'{"v":1,"seq":2,"at":"2026-')

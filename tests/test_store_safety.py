@@ -308,7 +308,7 @@ CHILD_FULL = textwrap.dedent("""
 
 def test_a_file_size_limit_mid_checkpoint_is_store_full_and_the_journal_is_untouched(project, child_env):
     caravanserai.checkpoint("big", {"step": 1}, "small state first")
-    caravanserai.runs._REGISTRY.close_all()  # let the child take the run
+    caravanserai.runs.close_all()  # let the child take the run
     open_store(None).flush_views()
     run_dir = project / ".caravanserai" / "big"
     journal_before = (run_dir / "journal.jsonl").read_bytes()
@@ -371,7 +371,7 @@ def test_a_failing_view_never_breaks_an_append(project):
     (run_dir / "state.json").mkdir()  # the next render of state.json cannot replace a directory
     assert caravanserai.checkpoint("views", {"i": 2}, "two") == 2
     open_store(None).flush_views()
-    caravanserai.runs._REGISTRY.close_all()
+    caravanserai.runs.close_all()
     assert caravanserai.load_latest("views") == ({"i": 2}, "two", 2)
 
 
@@ -379,7 +379,7 @@ def test_a_failing_view_never_breaks_an_append(project):
 def _three_waypoints(project: Path, run_id: str = "shrunk") -> Path:
     for i in (1, 2, 3):
         caravanserai.checkpoint(run_id, {"i": i}, f"step {i}")
-    caravanserai.runs._REGISTRY.close_all()
+    caravanserai.runs.close_all()
     open_store(None).flush_views()
     return project / ".caravanserai" / run_id
 

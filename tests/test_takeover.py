@@ -114,7 +114,7 @@ def test_writer_paused_past_its_lease_cannot_append(store_url, child_env):
             except caravanserai.RunLocked:
                 time.sleep(0.25)
         assert taken, "the paused writer's lease never expired"
-        caravanserai.runs._REGISTRY.close_all()
+        caravanserai.runs.close_all()
         os.kill(writer.pid, signal.SIGCONT)
         out, err = writer.communicate(timeout=60)
     finally:

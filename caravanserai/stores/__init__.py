@@ -30,7 +30,7 @@ from typing import Callable, Union
 
 from ..errors import InvalidStoreUrl, MissingExtra, UnknownStoreScheme
 from .base import _OPEN, Lease, ObjectStore, Store
-from .local import LocalDirectoryStore, LocalStore
+from .local.store import LocalDirectoryStore, LocalStore
 from .memory import MemoryStore
 from .urls import redact
 

@@ -12,7 +12,8 @@ import time
 from typing import Any, Sequence
 
 from ..errors import ModelError
-from ..models import Model, ModelResponse, Usage, canonical
+from ..calls.models import Model, ModelResponse, Usage
+from ..journal import canonical
 
 
 class ScriptedModel(Model):

@@ -36,7 +36,7 @@ import types
 from typing import Any, Iterable
 
 from . import values
-from .errors import (
+from ..errors import (
     CaravanseraiError,
     ClassNotAllowed,
     JournalCorruptionError,
@@ -44,7 +44,7 @@ from .errors import (
     SerializationError,
     UntrustedPickle,
 )
-from .serialization import to_json
+from ..journal import to_json
 
 __all__ = ["Snapshotter", "UntrustedPickle", "decode_value", "encode_value", "trust_store", "trusted"]
 

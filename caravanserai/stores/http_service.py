@@ -36,7 +36,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .errors import (
+from ..errors import (
     CaravanseraiError,
     InvalidRunId,
     JournalCorruptionError,
@@ -47,9 +47,9 @@ from .errors import (
     StoreFull,
     StoreUnavailable,
 )
-from .ids import validate_run_id
-from .stores.base import Lease, ObjectStore, Store, describe_holder
-from .stores.http import PROTOCOL, TOKEN_ENV, HttpDurableStore, HttpTokenRequired, is_loopback
+from ..ids import validate_run_id
+from .base import Lease, ObjectStore, Store, describe_holder
+from .http import PROTOCOL, TOKEN_ENV, HttpDurableStore, HttpTokenRequired, is_loopback
 
 __all__ = ["JournalService", "check_bearer", "create_app", "serve"]
 
@@ -485,7 +485,7 @@ def serve(store_url: str, host: str = "127.0.0.1", port: int = 8765, token: str 
     The token comes from ``token`` or ``$CARAVANSERAI_HTTP_TOKEN``; without one the service
     refuses to start (``HttpTokenRequired``).
     """
-    from .stores import open_store
+    from . import open_store
 
     token = token or os.environ.get(TOKEN_ENV)
     if not token or not token.strip():

@@ -28,7 +28,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from .errors import CheckpointCorruptionError, CheckpointFormatError
+from ..errors import CheckpointCorruptionError, CheckpointFormatError
+from ..journal import canonical
 
 MAGIC = b"CVSRCKPT"
 FORMAT_VERSION = 1
@@ -48,7 +49,8 @@ class CheckpointData:
 
 
 def canonical_json(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    """The header's bytes: canonical JSON, strict (no NaN, nothing but JSON), UTF-8."""
+    return canonical(value, default=None).encode("utf-8")
 
 
 def encode(data: CheckpointData) -> bytes:

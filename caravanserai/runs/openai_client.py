@@ -19,10 +19,11 @@ import sys
 from types import SimpleNamespace
 from typing import Any
 
-from .calls import fail_call, settle_call, start_call
-from .errors import ClassNotAllowed
-from .models import Usage, canonical
-from .runs import current_run
+from ..calls.journaled import fail_call, settle_call, start_call
+from ..errors import ClassNotAllowed
+from ..calls.models import Usage
+from ..journal import canonical
+from .lifecycle import current_run
 from .values import resolve_class
 
 __all__ = ["durable_client"]

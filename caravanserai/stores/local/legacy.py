@@ -18,8 +18,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .errors import JournalCorruptionError
-from .journal import RawJSON
+from ...errors import JournalCorruptionError
+from ...journal import RawJSON
 
 WAYPOINT_FILE = re.compile(r"waypoint-(\d+)\.md")
 HEADER = re.compile(r"# Waypoint (\d+) (?:-|\u2014) (\S+)")

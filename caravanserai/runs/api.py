@@ -11,12 +11,13 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, TypeVar
 
-from .errors import InvalidRunId
-from .journal import RawJSON, check_text
-from .ids import validate_run_id
-from .runs import _REGISTRY, Waypoint, current_run, durable, open_run, read_events
-from .serialization import to_json
-from .stores import Store, open_store
+from ..errors import InvalidRunId
+from ..journal import RawJSON, check_text
+from ..ids import validate_run_id
+from .lifecycle import current_run, durable, open_run, read_events, registry
+from .run import Waypoint
+from ..journal import to_json
+from ..stores import Store, open_store
 
 __all__ = ["checkpoint", "clean", "complete", "history", "last_updated", "load_command", "load_latest", "resumable"]
 
@@ -70,7 +71,7 @@ def load_latest(run_id: str, *, store: Store | str | None = None) -> tuple[Any, 
     last = next((e for e in reversed(events) if e["type"] == "waypoint" and "state" in e), None)
     if last is None:
         return None
-    if _REGISTRY.get(run_id, resolved) is None:
+    if registry.get(run_id, resolved) is None:
         resolved.refresh_views(run_id, events)  # repair views a killed writer left behind
     return last["state"], last.get("note", ""), last["n"]
 
@@ -96,7 +97,7 @@ def clean(run_id: str, *, store: Store | str | None = None) -> bool:
     """Delete a run's checkpoints; False if there were none. RunLocked if another process writes it."""
     resolved = open_store(store)
     run_id = readable_run_id(run_id, resolved)
-    mine = _REGISTRY.get(run_id, resolved)
+    mine = registry.get(run_id, resolved)
     if mine is not None:
         mine.close()
     return resolved.remove(run_id)

@@ -19,10 +19,10 @@ import hashlib
 import os
 from typing import Any, Sequence
 
-from . import ckpt_format as fmt
-from .ckpt_format import corrupt, short
-from .errors import CaravanseraiError, ModelError, SerializationError, UnknownNode, UsageError
-from .models import OpenAICompatibleModel
+from . import format as fmt
+from .format import corrupt, short
+from ..errors import CaravanseraiError, ModelError, SerializationError, UnknownNode, UsageError
+from ..calls.models import OpenAICompatibleModel
 
 __all__ = ["DurableAgent", "FakeBackend", "OpenAICompletionsBackend", "decode_checkpoint", "validate_header"]
 

@@ -8,12 +8,11 @@ can tell a retryable outage from a bad request; nothing is journaled as settled 
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .errors import MissingExtra, ModelError, ModelNotConfigured
+from ..errors import MissingExtra, ModelError, ModelNotConfigured
 
 __all__ = ["Model", "ModelResponse", "OpenAICompatibleModel", "Usage", "auto"]
 
@@ -164,11 +163,3 @@ def auto(**params: Any) -> Model:
         "no model configured: set OPENAI_BASE_URL and OPENAI_MODEL (and OPENAI_API_KEY), or VLLM_BASE_URL, "
         "or pass model=... (caravanserai.testing.ScriptedModel for tests)",
     )
-
-
-_CANONICAL = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=repr)
-
-
-def canonical(value: Any) -> str:
-    """Canonical JSON used for request digests (sorted keys, no spaces)."""
-    return _CANONICAL.encode(value)

@@ -33,14 +33,14 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from .. import journal
-from ..errors import InvalidRunId, InvalidStoreUrl, JournalCorruptionError, RunLocked
-from ..ids import is_legacy_readable, validate_run_id
-from ..legacy import WAYPOINT_FILE, is_legacy_dir, read_legacy_run
-from .base import Lease, ObjectStore, Store, describe_holder, holder_info, os_failure
+from ... import journal
+from ...errors import InvalidRunId, InvalidStoreUrl, JournalCorruptionError, RunLocked
+from ...ids import is_legacy_readable, validate_run_id
+from .legacy import WAYPOINT_FILE, is_legacy_dir, read_legacy_run
+from ..base import Lease, ObjectStore, Store, describe_holder, holder_info, os_failure
 from .files import complete_lines, fsync_dir, make_dirs, valid_length, write_all, write_file_atomic
-from .local_views import RENDERER, is_stale, reconcile, views_lock
-from .urls import split_url
+from .views import RENDERER, is_stale, reconcile, views_lock
+from ..urls import split_url
 
 JOURNAL = "journal.jsonl"
 LOCK = "lock"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import (
+from ..errors import (
     AgentMismatch,
     BudgetChanged,
     ConversationMismatch,

@@ -44,7 +44,7 @@ from decimal import Decimal
 from pathlib import Path, PosixPath, PurePath, PurePosixPath, PureWindowsPath
 from typing import Any, Callable, Iterable
 
-from .errors import ClassNotAllowed, JournalCorruptionError, SerializationError
+from ..errors import ClassNotAllowed, JournalCorruptionError, SerializationError
 
 __all__ = ["Unencodable", "allow_class", "allowed_classes", "class_ref", "decode", "encode", "resolve_class"]
 
@@ -159,7 +159,7 @@ class _Encoder:
 
 
 def _sort_key(item: Any) -> str:
-    from .journal import dumps
+    from ..journal import dumps
 
     return dumps(item)
 

@@ -12,18 +12,19 @@ lazily, never turned into a list, and the loop's progress never touches ``checkp
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import sys
 import time
 from datetime import timedelta
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-from .errors import ItemsChanged
-from .ids import validate_run_id
+from ..errors import ItemsChanged
+from ..journal import canonical
+from ..ids import validate_run_id
 from .progress import ProgressLine
-from .runs import Run, current_run, open_run
-from .stores import Store
+from .lifecycle import current_run, open_run
+from .run import Run
+from ..stores import Store
 
 __all__ = ["fingerprint", "resumable_iterate"]
 
@@ -38,13 +39,10 @@ def _stable_repr(item: Any) -> str:
     return type(item).__qualname__ if " at 0x" in text else text  # default reprs hold addresses
 
 
-_CANONICAL = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=_stable_repr)
-
-
 def fingerprint(item: Any) -> str:
     """A short digest of an item that is stable across processes (JSON, else its repr)."""
     try:
-        text = _CANONICAL.encode(item)
+        text = canonical(item, default=_stable_repr)
     except (TypeError, ValueError):
         text = _stable_repr(item)
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
@@ -211,7 +209,7 @@ class _Committer:
             return
         marks, self.pending = self.pending, []
         progress = {"type": "progress", "loop": self.loop, "done": self.position, "items": marks, "note": self.last_note}
-        with self.run._lock:  # and the trail a person (or 0.2.0) reads: one waypoint per commit
+        with self.run.lock:  # and the trail a person (or 0.2.0) reads: one waypoint per commit
             self.run.append(progress, self.run.loop_waypoint_event(self.loop, self.position, self.last_note))
         self.since = time.monotonic()
 

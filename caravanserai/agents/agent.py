@@ -17,14 +17,15 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from .calls import EFFECTS, model_call, tool_call
-from .errors import CaravanseraiError, DurableOptionConflict, ToolFailed
-from .identity import check_identity
-from .ledger import Budget, Receipt, completed_receipt, digest
-from .models import Model, auto
-from .runs import _CURRENT, Run, open_checked, read_events
-from .stores import LocalStore, MemoryStore, Store, open_store
-from .summary import journal_input
+from ..calls.journaled import EFFECTS, model_call, tool_call
+from ..errors import CaravanseraiError, DurableOptionConflict, ToolFailed
+from ..calls.ledger import Budget, Receipt, completed_receipt
+from ..journal import digest
+from ..calls.models import Model, auto
+from ..runs.lifecycle import RunScope, current_run
+from ..runs.run import Run
+from ..stores import LocalStore, MemoryStore, Store, open_store
+from ..runs.summary import journal_input
 
 __all__ = ["Agent", "DiskDurableStore", "Durable", "RunResult", "Tool", "agent", "run", "tool"]
 
@@ -116,7 +117,7 @@ class Agent:
         sub = self
 
         def call_subagent(input: str) -> str:
-            run = _CURRENT.get()
+            run = current_run()
             if run is None:
                 raise CaravanseraiError(f"subagent {sub.id!r} must be called inside a run", agent=sub.id)
             path = f"{_AGENT_PATH.get()}/{sub.id}"
@@ -229,32 +230,20 @@ def run(agent: Agent, input: Any, *, durable: "Durable | dict | str | None" = No
         "budget_sha256": parsed.digest() if parsed is not None else None,
         "conversation_sha256": digest(list(history)) if history else None,
     }
-    events = read_events(spec.run_id, store)
-    if events:
-        check_identity(spec.run_id, events[0], identity)
-        finished = next((e for e in events if e["type"] == "run_completed"), None)
+    scope = RunScope(spec.run_id, store, identity, parsed)
+    with scope as the_run:
+        finished = the_run.completed_event
         if finished is not None:  # the idempotency key: buy the tokens once
+            scope.complete = False
             result = finished.get("result") or {}
-            return RunResult(result.get("text", ""), completed_receipt(spec.run_id, events), spec.run_id, replayed=True)
-    the_run, owner = open_checked(spec.run_id, store, identity, parsed)
-    token = _CURRENT.set(the_run)
-    try:
+            return RunResult(result.get("text", ""), completed_receipt(spec.run_id, the_run.opened_events), spec.run_id,
+                             replayed=True)
         initial = [{"role": "system", "content": agent.instructions}, *(history or ()), *_user_messages(input)]
-        restored = [m for e in the_run.events if e["type"] == "turn" for m in e.get("messages", ())]
+        restored = [m for e in the_run.opened_events if e["type"] == "turn" for m in e.get("messages", ())]
         conversation = initial + restored
         text = _loop(the_run, agent, conversation, path=agent.id, checkpoint_turns=True)
-        the_run.complete({"text": text})
-        return RunResult(text, the_run.receipt(), spec.run_id, conversation)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:
-        if owner:
-            the_run.fail(exc)
-        raise
-    finally:
-        _CURRENT.reset(token)
-        if owner:
-            the_run.close()
+        scope.result = {"text": text}
+    return RunResult(text, the_run.receipt(), spec.run_id, conversation)
 
 
 def _user_messages(value: Any) -> list[dict]:

@@ -6,24 +6,59 @@ Every render — the writer's background thread or a reader repairing views afte
 writes each file atomically. A *reconcile* re-reads the journal under that lock and writes every
 missing waypoint file and a stale ``state.json``/``latest``, so views left behind by a killed
 writer are always completed by the next writer or reader, and view temp files a kill stranded
-are removed.
+are removed. The files are in caravanserai 0.2.0's byte format, so people, other agents and 0.2.0
+itself can read them; this package never reads them back while a journal exists.
 """
 
 from __future__ import annotations
 
 import atexit
 import fcntl
+import json
 import os
 import re
 import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-from .. import views
+from ...journal import RawJSON
 from .files import write_file_atomic
+
+# Above this size state.json is written compactly, reusing the journal's encoding, so a large
+# state is not pretty-printed again on every checkpoint.
+PRETTY_STATE_LIMIT = 256 * 1024
+
+
+def waypoint_markdown(n: int, at: str, note: str) -> str:
+    """``# Waypoint N - <ts>``, a blank line, the note verbatim, one newline (0.2.0's format)."""
+    stamp = datetime.fromisoformat(at).isoformat(timespec="seconds")
+    return f"# Waypoint {n} - {stamp}\n\n{note}\n"
+
+
+def state_text(state: Any) -> str:
+    """``state.json`` as 0.2.0 wrote it (``json.dumps(state, indent=2)``); a large state already
+    encoded (``RawJSON``) is written as that compact text instead of being encoded again."""
+    if isinstance(state, RawJSON):
+        if len(state.text) > PRETTY_STATE_LIMIT:
+            return state.text
+        state = state.value
+    return json.dumps(state, indent=2)
+
+
+def meta_text(started: dict[str, Any]) -> str:
+    """``meta.json``: 0.2.0's ``command`` plus where and how the run was launched."""
+    meta = {
+        "command": started.get("command") or [],
+        "cwd": started.get("cwd"),
+        "orig_argv": started.get("orig_argv"),
+        "journal": "journal.jsonl",
+    }
+    return json.dumps(meta, indent=2)
+
 
 VIEWS_LOCK = "views.lock"
 _VIEW_TMP = re.compile(r"\.(waypoint-\d+\.md|state\.json|latest|meta\.json)\.[0-9a-f]{12}\.tmp")
@@ -65,14 +100,14 @@ def _write(path: Path, text: str) -> None:
 def render(run_dir: Path, pending: _Pending) -> None:
     """Write the views for ``pending`` (call with ``views_lock`` held)."""
     if pending.meta is not None and not (run_dir / "meta.json").exists():
-        _write(run_dir / "meta.json", views.meta_text(pending.meta))
+        _write(run_dir / "meta.json", meta_text(pending.meta))
     for n, at, note, imported in pending.waypoints:
         path = run_dir / f"waypoint-{n}.md"
         if not (imported and path.exists()):
-            _write(path, views.waypoint_markdown(n, at, note))
+            _write(path, waypoint_markdown(n, at, note))
     if pending.state is not None:
         n, state = pending.state
-        _write(run_dir / "state.json", views.state_text(state))
+        _write(run_dir / "state.json", state_text(state))
         _write(run_dir / "latest", str(n))  # after state.json: latest == n implies state.json is n's
 
 

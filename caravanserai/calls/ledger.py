@@ -10,25 +10,19 @@ started but never settled may have been billed, so it counts in ``possible_doubl
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections import defaultdict, deque
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
 
-from .errors import BudgetExceeded, JournalCorruptionError
-from .models import canonical
+from ..errors import BudgetExceeded, JournalCorruptionError
+from ..journal import digest
 from .pricing import PRICE_LABEL, estimate_usd
 
 __all__ = ["Budget", "CallRecord", "Ledger", "Receipt", "ResumeInfo", "completed_receipt", "digest"]
 
 BOUNDARIES = ("waypoint", "turn")
 CALL_EVENTS = ("call_started", "call_settled", "call_failed", "tool_intent", "tool_settled")
-
-
-def digest(value: Any) -> str:
-    """SHA-256 hex of ``value``'s canonical JSON."""
-    return hashlib.sha256(canonical(value).encode("utf-8")).hexdigest()
 
 
 @dataclass(frozen=True)

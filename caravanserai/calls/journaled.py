@@ -15,20 +15,25 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import inspect
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
-from .errors import CaravanseraiError, ToolEffectUncertain, ToolFailed
-from .journal import RawJSON
-from .ledger import digest
-from .models import Model, ModelResponse, Usage, canonical
+from ..errors import CaravanseraiError, ToolEffectUncertain, ToolFailed
+from ..journal import RawJSON, canonical, digest, to_json
+from .ledger import Ledger
+from .models import Model, ModelResponse, Usage
 from .pricing import estimate_usd, price_for
-from .serialization import to_json
 
-if TYPE_CHECKING:
-    from .runs import Run
-
-__all__ = ["EFFECTS", "current_idempotency_key", "fail_call", "idempotency_key", "journaled_call", "model_call", "settle",
+__all__ = ["EFFECTS", "Journal", "current_idempotency_key", "fail_call", "idempotency_key", "journaled_call", "model_call",
            "settle_call", "start_call", "tool_call"]
+
+
+class Journal(Protocol):
+    """What a journaled call needs from the run it belongs to (``caravanserai.runs.Run`` is one)."""
+
+    run_id: str
+    ledger: Ledger
+
+    def append(self, *events: dict, sync: bool = True) -> list[dict]: ...
 
 EFFECTS = ("read", "idempotent", "write", "external")
 _IDEMPOTENCY_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("caravanserai_idempotency_key", default=None)
@@ -43,7 +48,7 @@ def idempotency_key(run_id: str, tool_path: str, call_id: str, args_sha256: str)
     return hashlib.sha256("\x1f".join((run_id, tool_path, call_id, args_sha256)).encode("utf-8")).hexdigest()
 
 
-def start_call(run: "Run", *, path: str, kind: str, provider: str, model: str, request: dict,
+def start_call(run: Journal, *, path: str, kind: str, provider: str, model: str, request: dict,
                prompt_estimate: int = 0, max_tokens: int | None = None) -> tuple[dict | None, dict | None]:
     """Before a call goes out: (journaled response, None) to replay, or (None, pending) once the
     intent (``call_started``) is durable. Refuses a call over budget before anything is sent."""
@@ -60,14 +65,14 @@ def start_call(run: "Run", *, path: str, kind: str, provider: str, model: str, r
     return None, pending
 
 
-def fail_call(run: "Run", pending: dict, exc: BaseException) -> None:
+def fail_call(run: Journal, pending: dict, exc: BaseException) -> None:
     """The call failed before any answer: journal it (nothing was spent), unless the process is stopping."""
     if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
         info = exc.to_dict() if isinstance(exc, CaravanseraiError) else {"code": type(exc).__name__, "message": str(exc)[:500]}
         run.append({"type": "call_failed", "path": pending["path"], "kind": pending["kind"], "call_id": pending["call_id"], **info})
 
 
-def settle_call(run: "Run", pending: dict, response: dict, usage: Usage) -> dict:
+def settle_call(run: Journal, pending: dict, response: dict, usage: Usage) -> dict:
     """After the answer: ``call_settled`` with usage, inferred USD and the response (durable on return)."""
     model = pending["model"]
     call = {
@@ -85,7 +90,7 @@ def settle_call(run: "Run", pending: dict, response: dict, usage: Usage) -> dict
     return response
 
 
-def journaled_call(run: "Run", *, path: str, kind: str, provider: str, model: str, request: dict,
+def journaled_call(run: Journal, *, path: str, kind: str, provider: str, model: str, request: dict,
                    send: Callable[[], tuple[dict, Usage]], prompt_estimate: int = 0, max_tokens: int | None = None) -> dict:
     """Journal one call around ``send()`` (which returns the response as JSON plus its usage)."""
     replayed, pending = start_call(run, path=path, kind=kind, provider=provider, model=model, request=request,
@@ -100,7 +105,7 @@ def journaled_call(run: "Run", *, path: str, kind: str, provider: str, model: st
     return settle_call(run, pending, response, usage)
 
 
-def model_call(run: "Run", model: Model, messages: list[dict], *, path: str, tools: list[dict] | None = None,
+def model_call(run: Journal, model: Model, messages: list[dict], *, path: str, tools: list[dict] | None = None,
                **params: Any) -> ModelResponse:
     """Ask ``model`` through the run's journal (replayed on resume, metered, budget-checked)."""
     request = {"model": model.describe(), "messages": messages, "tools": tools or [], "params": params}
@@ -114,7 +119,7 @@ def model_call(run: "Run", model: Model, messages: list[dict], *, path: str, too
     return ModelResponse.from_dict(data)
 
 
-def tool_call(run: "Run", fn: Callable[..., Any], args: dict, *, name: str, path: str, effect: str = "read",
+def tool_call(run: Journal, fn: Callable[..., Any], args: dict, *, name: str, path: str, effect: str = "read",
               call_id: str | None = None) -> Any:
     """Run a tool through the journal by its declared ``effect`` (see the module docstring)."""
     if effect not in EFFECTS:
@@ -175,34 +180,3 @@ def _parameters(fn: Callable[..., Any]) -> set[str]:
         return set(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
         return set()
-
-
-def settle(run_id: str, call_id: str, result: Any = None, *, error: str | None = None, store: Any = None) -> dict:
-    """Record by hand the outcome of a tool call whose effect is uncertain (``ToolEffectUncertain``).
-
-    Check what the tool really did, then settle it with its ``result`` (JSON) or ``error`` text;
-    the next attempt of the run gets that outcome instead of stopping. Returns the event.
-    """
-    from .runs import open_checked
-
-    run, owner = open_checked(run_id, store, {})
-    if owner:
-        run._header = []  # settling by hand is not an attempt of the run
-    try:
-        intent = run.ledger.unsettled_intents.get(call_id)
-        if intent is None:
-            known = ", ".join(sorted(run.ledger.unsettled_intents)) or "none"
-            raise CaravanseraiError(f"run {run_id!r} has no unsettled tool call {call_id!r} (unsettled: {known})",
-                                    run_id=run_id, call_id=call_id)
-        event: dict[str, Any] = {"type": "tool_settled", "path": intent["path"], "tool": intent["tool"], "call_id": call_id,
-                                 "settled_by": "hand"}
-        if error is not None:
-            event["error"] = str(error)
-        else:
-            event["result"] = RawJSON(to_json(result, what="result"), result)
-        stored = run.append(event)[0]
-        run.ledger.unsettled_intents.pop(call_id, None)
-        return stored
-    finally:
-        if owner:
-            run.close()

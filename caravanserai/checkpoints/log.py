@@ -1,8 +1,7 @@
-"""Checkpoint stores and ``CheckpointLog``: a run's checkpoint stream, deltas, lineage and forks.
+"""``CheckpointLog``: a run's checkpoint stream, deltas, lineage and forks.
 
-The stores here are the *object face* of caravanserai's one Store abstraction
-(``put``, ``get``, ``exists``, ``list``, ``delete``, atomic ``put_if_absent``); subclass
-``CheckpointStore`` for anything else. ``CheckpointLog(store, run_id)`` keeps a whole run's
+``CheckpointLog(store, run_id)`` takes a checkpoint store (``checkpoints.stores``) or a full
+caravanserai Store, and keeps a whole run's
 checkpoints in one store, content-addressed (id = SHA-256 of the full checkpoint), each stored
 as a delta against its parent (only the values and KV entries that changed) with a full
 checkpoint every ``max_chain`` links, a JSON record per checkpoint, and verification of every
@@ -15,80 +14,23 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 from collections import OrderedDict
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Sequence
 
-from . import ckpt_format as fmt
-from .ckpt_format import CheckpointCorruptionError, CheckpointFormatError, checkpoint_id, corrupt, is_count, short
-from .durable_agent import DurableAgent, decode_checkpoint, step_id, validate_header
-from .errors import AmbiguousId, InvalidRunId, ObjectNotFound, RunLocked, UsageError
-from .stores.base import ObjectStore, Store
-from .stores.local import LocalDirectoryStore
-from .stores.memory import MemoryObjects, _Space
-from .stores.obstore_objects import ObstoreObjects
+from . import format as fmt
+from .format import CheckpointCorruptionError, CheckpointFormatError, checkpoint_id, corrupt, is_count, short
+from .agent import DurableAgent, decode_checkpoint, step_id, validate_header
+from ..errors import AmbiguousId, InvalidRunId, ObjectNotFound, UsageError
+from ..runs.lifecycle import append_event
+from ..stores.base import ObjectStore, Store
 
-__all__ = [
-    "CheckpointCorruptionError",
-    "CheckpointFormatError",
-    "CheckpointLog",
-    "CheckpointRecord",
-    "CheckpointStore",
-    "GCSStore",
-    "LocalDirectoryStore",
-    "MemoryCheckpointStore",
-    "S3Store",
-    "log_status",
-]
+__all__ = ["CheckpointLog", "CheckpointRecord", "checkpoint_from_file_or_log", "find_checkpoint", "log_status"]
 
-CheckpointStore = ObjectStore
 DELTA_FORMAT = "caravanserai.delta"
 MIN_PREFIX = 4  # hex characters a checkpoint id prefix needs (`caravanserai lineage` prints 12)
 _HEX_ID = re.compile(r"[0-9a-f]{64}")
 _DELTA_FIELDS = {"format", "base", "header", "values_set", "values_removed", "kv_removed"}
-
-
-class MemoryCheckpointStore(MemoryObjects):
-    """Checkpoints in process memory (tests, demos)."""
-
-    def __init__(self) -> None:
-        super().__init__(_Space(), "memory://checkpoints")
-
-
-class S3Store(ObstoreObjects):
-    """Checkpoints in an S3 bucket (or any S3-compatible server) through obstore.
-
-    ``S3Store("my-bucket", prefix="caravanserai", endpoint="http://127.0.0.1:5555",
-    access_key_id=..., secret_access_key=..., region=...)``; other keyword arguments go to
-    ``obstore.store.S3Store``. ``put_if_absent`` is a conditional create (``If-None-Match``).
-    """
-
-    def __init__(self, bucket: str, prefix: str | None = None, **config: Any) -> None:
-        from obstore.store import S3Store as ObstoreS3
-
-        endpoint = config.get("endpoint") or config.get("aws_endpoint")
-        options = dict(config.pop("client_options", {}) or {})
-        if endpoint and str(endpoint).startswith("http://"):
-            options.setdefault("allow_http", True)
-        super().__init__(ObstoreS3(bucket, prefix=prefix, client_options=options or None, **config),
-                         f"s3://{bucket}/{prefix or ''}")
-
-
-class GCSStore(ObstoreObjects):
-    """Checkpoints in a Google Cloud Storage bucket through obstore (``x-goog-if-generation-match: 0``
-    for ``put_if_absent``). Pass credentials (e.g. ``bearer_token=``) explicitly in tests: without
-    them obstore asks the GCE metadata server."""
-
-    def __init__(self, bucket: str, prefix: str | None = None, **config: Any) -> None:
-        from obstore.store import GCSStore as ObstoreGCS
-
-        options = dict(config.pop("client_options", {}) or {})
-        url = config.get("base_url") or ""
-        if str(url).startswith("http://"):
-            options.setdefault("allow_http", True)
-        super().__init__(ObstoreGCS(bucket, prefix=prefix, client_options=options or None, **config),
-                         f"gs://{bucket}/{prefix or ''}")
 
 
 @dataclass(frozen=True)
@@ -165,7 +107,7 @@ def _is_id(value: Any) -> bool:
 
 
 def _is_run_id(value: Any) -> bool:
-    from .ids import validate_run_id
+    from ..ids import validate_run_id
 
     try:
         validate_run_id(value)
@@ -230,7 +172,7 @@ class CheckpointLog:
     """
 
     def __init__(self, store: Any, run_id: str, *, max_chain: int = 16, prefix: str = "checkpoints/") -> None:
-        from .ids import validate_run_id
+        from ..ids import validate_run_id
 
         if max_chain < 1:
             raise ValueError("max_chain must be at least 1")
@@ -340,7 +282,7 @@ class CheckpointLog:
     # ---- reading -------------------------------------------------------------------------
     def record(self, checkpoint: str, run_id: str | None = None) -> CheckpointRecord:
         """The record of ``checkpoint`` (an id or a unique prefix) in this log, or in ``run_id``'s."""
-        from .ids import validate_run_id
+        from ..ids import validate_run_id
 
         run = validate_run_id(run_id) if run_id is not None else self.run_id
         return self._read_record(self._resolve(checkpoint, run), run)
@@ -538,34 +480,6 @@ def log_status(events: Sequence[dict]) -> dict[str, Any] | None:
     return {"checkpoints": len(committed), "steps": steps, "steps_done": done,
             "status": "completed" if steps is not None and done is not None and done >= steps > 0 else "pending",
             "latest": latest if isinstance(latest, str) else None}
-
-
-def append_event(store: Store, run_id: str, event: dict, *, started: dict | None = None, tries: int = 200) -> None:
-    """Append one event to a run's journal under a short-lived lease (retrying while another writer holds it)."""
-    from . import journal
-    from .runs import _REGISTRY, launch_info
-
-    mine = _REGISTRY.get(run_id, store)
-    if mine is not None:
-        mine.append(event)
-        return
-    for attempt in range(tries):
-        try:
-            lease = store.acquire(run_id)
-        except RunLocked:
-            time.sleep(min(0.001 * (attempt + 1), 0.05))
-            continue
-        try:
-            events, tail = journal.decode(run_id, store.load(run_id))
-            pending = [] if events else [{"type": "run_started", "run_id": run_id, **launch_info(), **(started or {})}]
-            lines, encoded, _ = journal.encode([*pending, event], tail)
-            store.append(run_id, lines, lease=lease, seq=tail.seq)
-            store.committed(run_id, encoded)
-        finally:
-            lease.release()
-        return
-    raise RunLocked(f"run {run_id!r} stayed locked while recording a checkpoint event; another process holds it",
-                    run_id=run_id)
 
 
 def checkpoint_from_file_or_log(target: str, store: Any = None, run_id: str | None = None) -> bytes:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from typing import Any, Iterable, Sequence
 
-from .errors import JournalCorruptionError
-from .ledger import Ledger
+from ..errors import JournalCorruptionError
+from ..calls.ledger import Ledger
 
 __all__ = ["input_is_replayable", "journal_input", "run_summary"]
 
@@ -22,7 +22,7 @@ def journal_input(value: Any) -> Any:
     A multimodal input (images, audio, files) journals ``{"type": ..., "sha256": ...}`` instead
     of the content, so resuming such a run needs the caller's original input.
     """
-    from .ledger import digest
+    from ..journal import digest
 
     if isinstance(value, list):
         return [journal_input(item) for item in value]

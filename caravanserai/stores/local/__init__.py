@@ -1,0 +1,1 @@
+from .store import *  # noqa: F401,F403
