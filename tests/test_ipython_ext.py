@@ -693,7 +693,7 @@ def test_a_class_the_notebook_does_not_hold_is_refused_until_allowed():
     try:
         loaded, _ = run(SAVE_AND_CRASH.format(run_id="c-unheld"))
     finally:
-        caravanserai.values._ALLOWED.clear()
+        caravanserai.runs.values._ALLOWED.clear()
     assert loaded.success, loaded.error_in_exec
     assert ip.user_ns["value"] == Box("crate", [1])
 

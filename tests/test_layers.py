@@ -56,7 +56,8 @@ def imports(module: str, path: Path, known: set[str]) -> set[str]:
                 stem = ".".join(base + ([node.module] if node.module else []))
             else:
                 stem = node.module or ""
-            targets = [stem] + [f"{stem}.{alias.name}" for alias in node.names]
+            # `from pkg import sub` imports the submodule; `from pkg import name` the package (its __init__)
+            targets = [f"{stem}.{alias.name}" if f"{stem}.{alias.name}" in known else stem for alias in node.names]
         else:
             continue
         out |= {t for t in targets if t in known}

@@ -24,9 +24,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import caravanserai
-from caravanserai import ClassNotAllowed, JournalCorruptionError, UntrustedPickle, durable, open_store, values
+from caravanserai import ClassNotAllowed, JournalCorruptionError, UntrustedPickle, durable, open_store
+from caravanserai.runs import values
 from caravanserai.journal import dumps
-from caravanserai.namespace import encode_value
+from caravanserai.runs.snapshots import encode_value
 from caravanserai.runs import read_events
 from durable_helpers import rewrite_journal
 
@@ -211,7 +212,7 @@ def test_a_forged_pickle_from_a_store_that_is_not_private_is_refused(project):
 
 
 def test_a_journaled_response_type_is_built_only_if_allowed(project):
-    from caravanserai.openai_client import _from_dict
+    from caravanserai.runs.openai_client import _from_dict
 
     marker = project / "marker"
     forged = _from_dict({"type": "subprocess:Popen", "body": {"args": ["touch", str(marker)]}})

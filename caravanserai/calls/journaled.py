@@ -35,6 +35,9 @@ class Journal(Protocol):
 
     def append(self, *events: dict, sync: bool = True) -> list[dict]: ...
 
+    def note_replayed(self, call_id: str) -> None:
+        """A settled call was answered from the journal (recorded with the run's next append)."""
+
 EFFECTS = ("read", "idempotent", "write", "external")
 _IDEMPOTENCY_KEY: contextvars.ContextVar[str | None] = contextvars.ContextVar("caravanserai_idempotency_key", default=None)
 
@@ -57,6 +60,7 @@ def start_call(run: Journal, *, path: str, kind: str, provider: str, model: str,
     hit = ledger.replay_model(path, request_sha)
     if hit is not None:
         ledger.settle(hit, replayed=True)
+        run.note_replayed(hit["call"]["call_id"])
         return hit["call"]["response"], None
     ledger.check_budget(model, prompt_estimate, max_tokens)
     pending = {"path": path, "kind": kind, "provider": provider, "model": model,
@@ -130,6 +134,7 @@ def tool_call(run: Journal, fn: Callable[..., Any], args: dict, *, name: str, pa
         intent, settled = hit
         redrivable = effect in ("read", "idempotent")
         if settled is not None and "error" not in settled:
+            run.note_replayed(intent["call_id"])
             return settled.get("result")
         if settled is not None and not redrivable:
             raise ToolFailed(f"tool {name!r} call {intent['call_id']} failed: {settled['error']}",

@@ -194,7 +194,9 @@ class RunScope:
             elif etype is None:
                 if self.complete:
                     run.complete(self.result, names=self.names)
-            elif not issubclass(etype, KeyboardInterrupt) and not isinstance(error, self.not_failures):
+            elif issubclass(etype, KeyboardInterrupt):
+                pass  # the run stays pending: the next attempt resumes it
+            elif not isinstance(error, self.not_failures):
                 run.fail(error)
         finally:
             _CURRENT.reset(self._token)

@@ -102,6 +102,7 @@ class Run:
         self._iterate_loops = 0
         self.capture: Any = None  # set by a notebook cell: returns the names to save with each commit
         self.announced: set[str] = set()  # variables already reported as saved with pickle
+        self.replayed: list[str] = []  # calls answered from the journal, recorded with the next append
         self.listeners: list[Any] = []  # called with the stored events after each append (status lines, panels)
         self.active_loops: list[Any] = []  # resumable_iterate loops running over this run right now
         self.ledger = Ledger(run_id, events, self.attempt)
@@ -157,12 +158,13 @@ class Run:
                 names = self.capture()  # a notebook cell's variables go with its commits (None: not this one)
                 if names:  # once per append, on its last commit event
                     events = tuple({**e, "names": names} if i == commits[-1] else e for i, e in enumerate(events))
-            pending = [*self._header, *events]
+            replays = [{"type": "replayed", "calls": self.replayed}] if self.replayed else []
+            pending = [*self._header, *replays, *events]
             lines, encoded, tail = journal.encode(pending, self._tail)
             self._lease.renew()
             self.store.append(self.run_id, lines, lease=self._lease, seq=self._tail.seq, sync=sync)
             self._tail = tail
-            self._header = []
+            self._header, self.replayed = [], []
             self._started = True
             stored = [journal.plain(e) for e in encoded]
             for event in stored:
@@ -250,6 +252,10 @@ class Run:
         """What this run has spent, all attempts together (a ``Receipt``)."""
         return self.ledger.receipt()
 
+    def note_replayed(self, call_id: str) -> None:
+        """A settled call was answered from the journal; a ``replayed`` event records it (batched)."""
+        self.replayed.append(call_id)
+
     def reset_loops(self) -> None:
         """A new attempt in this process: ``resumable_iterate`` loops count from 0 again."""
         with self.lock:
@@ -265,6 +271,11 @@ class Run:
     def close(self) -> None:
         with self.lock:
             if not self._closed:
+                if self.replayed and self._lease.held:
+                    try:
+                        self.append()  # the replays not yet recorded, with nothing else to carry them
+                    except Exception:
+                        pass  # a replay record is for people: losing it loses no work
                 self._closed = True
                 self._lease.release()
                 if self.on_close is not None:
