@@ -1,51 +1,65 @@
-"""Every error caravanserai raises, under one base class with a stable ``code``.
+"""Every error caravanserai raises, under one base class with a stable ``code``, in branches.
 
-The tree::
+The tree (codes in parentheses)::
 
-    CaravanseraiError                 (code: caravanserai_error)
-    ├── InvalidRunId                  (invalid_run_id)        bad run id; nothing written
-    ├── SerializationError            (serialization_error)   state is not JSON; nothing written
-    ├── RunNotFound                   (run_not_found)         no such run in the store
-    ├── RunLocked                     (run_locked)            another live writer holds the run
-    ├── LeaseLost                     (lease_lost)            this writer's lease/lock is gone
-    ├── JournalCorruptionError        (journal_corruption)    damaged or foreign journal
-    ├── StoreUnavailable              (store_unavailable)     the store cannot be reached/opened
-    ├── UnknownStoreScheme            (unknown_store_scheme)  open_store() got an unknown URL
-    ├── MissingExtra                  (missing_extra)         a backend needs `pip install ...`
-    ├── ObjectNotFound                (object_not_found)      object face: no such key
-    ├── ItemsChanged                  (items_changed)         resumable_iterate input changed
-    ├── ResumeError                   (resume_error)          `caravanserai resume` cannot replay
-    ├── IdentityMismatch              a resume would become a different run; appends nothing
-    │   ├── DefinitionChanged         (durable_definition_changed)
-    │   ├── InputMismatch             (durable_input_mismatch)
-    │   ├── BudgetChanged             (durable_budget_changed)
-    │   ├── AgentMismatch             (durable_agent_mismatch)
-    │   ├── SessionMismatch           (durable_session_mismatch)
-    │   └── ConversationMismatch      (durable_conversation_mismatch)
-    ├── ToolEffectUncertain           (durable_tool_effect_uncertain) a write/external tool's outcome is unknown
-    ├── ToolFailed                    (tool_failed)           a journaled tool call failed (an agent shows it to the model)
-    ├── BudgetExceeded                (budget_exceeded)       a call would exceed the run's budget; not sent
-    ├── DurableOptionConflict         (durable_option_conflict) durable runs take budget=, not max_cost_usd=
-    ├── ModelNotConfigured            (model_not_configured)  auto() found no model in the environment
-    ├── HttpInsecure                  (durable_http_insecure) an http:// journal URL outside localhost
-    ├── HttpTokenRequired             (durable_http_token_required) the journal service needs a token
-    ├── HttpUnauthorized              (durable_http_unauthorized) the journal service refused the token (401/403)
-    ├── ObjectConditionalPutRequired  (durable_object_conditional_put_required) object-store leases need conditional puts
-    ├── ObjectLeaseTtlInvalid         (durable_object_lease_ttl_invalid) lease_ttl_ms below 3000
-    ├── CheckpointFormatError         (checkpoint_format)     not a checkpoint this version can read
-    ├── CheckpointCorruptionError     (checkpoint_corruption) damaged checkpoint bytes, or an id that does not match
-    ├── ModelError                    (model_error)           the model server failed (unreachable, status, body)
-    ├── UsageError                    (usage_error)           bad arguments to a command or magic (CLI exit 2)
-    ├── InvalidStoreUrl               (invalid_store_url)     a store URL or option this version does not understand
-    ├── StoreFull                     (store_full)            the disk or a file-size limit is full; nothing half-written
-    ├── UntrustedPickle               (untrusted_pickle)      a pickled value from a store not trusted for pickle
-    ├── ClassNotAllowed               (class_not_allowed)     a saved value names a class not defined here nor allowed
-    ├── UnknownNode                   (unknown_node)          a checkpoint has no node with that id
-    └── AmbiguousId                   (ambiguous_id)          an id prefix matches more than one id
+    CaravanseraiError                      (caravanserai_error)
+    ├── UsageError                         (usage_error)            bad arguments: CLI exit 2, IPython UsageError
+    │   └── DurableOptionConflict          (durable_option_conflict) durable runs take budget=, not max_cost_usd=
+    ├── InvalidInput                       (invalid_input)          a value this library cannot take; nothing written
+    │   ├── InvalidRunId                   (invalid_run_id)
+    │   ├── InvalidStoreUrl                (invalid_store_url)      a store URL or option this version does not understand
+    │   ├── UnknownStoreScheme             (unknown_store_scheme)
+    │   └── SerializationError             (serialization_error)    a state or value JSON cannot hold
+    ├── StoreError                         (store_error)            a store, its journal or its leases
+    │   ├── StoreUnavailable               (store_unavailable)      cannot be reached or opened
+    │   │   └── StoreFull                  (store_full)             disk, quota or file-size limit; nothing half-written
+    │   ├── MissingExtra                   (missing_extra)          a backend needs `pip install ...`
+    │   ├── RunLocked                      (run_locked)             another live writer holds the run
+    │   ├── LeaseLost                      (lease_lost)             this writer's lease is gone (fenced)
+    │   ├── JournalCorruptionError         (journal_corruption)     damaged, foreign or tampered journal
+    │   ├── ObjectNotFound                 (object_not_found)       object face: no such key
+    │   ├── ObjectConditionalPutRequired   (durable_object_conditional_put_required)
+    │   ├── ObjectLeaseTtlInvalid          (durable_object_lease_ttl_invalid) lease_ttl_ms below the minimum
+    │   ├── HttpInsecure                   (durable_http_insecure)  an http:// journal URL outside localhost
+    │   ├── HttpTokenRequired              (durable_http_token_required)
+    │   └── HttpUnauthorized               (durable_http_unauthorized) the service refused the token
+    ├── RunError                           (run_error)              a run cannot do what was asked
+    │   ├── RunNotFound                    (run_not_found)
+    │   ├── RunClosed                      (run_closed)             appended to after close()
+    │   ├── ItemsChanged                   (items_changed)          resumable_iterate's input changed
+    │   ├── ResumeError                    (resume_error)           `caravanserai resume` cannot replay the launch
+    │   ├── NoSuchCall                     (no_such_call)           no unsettled tool call with that id
+    │   └── NoCurrentRun                   (no_current_run)         checkpoint(state) etc. outside a run
+    ├── ValueRestoreError                  (value_restore_error)    a saved notebook value that must not be loaded
+    │   ├── UntrustedPickle                (untrusted_pickle)       pickle from a store not yours nor trusted
+    │   └── ClassNotAllowed                (class_not_allowed)      a class neither defined here nor allowed
+    ├── CallError                          (call_error)             a journaled model or tool call
+    │   ├── ModelError                     (model_error)            the model server failed (unreachable, status, body)
+    │   ├── ModelNotConfigured             (model_not_configured)   auto() found no model in the environment
+    │   ├── BudgetExceeded                 (budget_exceeded)        the call would exceed the budget; not sent
+    │   ├── ToolFailed                     (tool_failed)            a tool raised (an agent shows it to the model)
+    │   ├── ToolEffectUncertain            (durable_tool_effect_uncertain) a write/external tool's outcome is unknown
+    │   └── MaxTurnsExceeded               (max_turns_exceeded)     an agent used all its turns
+    ├── CheckpointError                    (checkpoint_error)       DurableAgent checkpoints and logs
+    │   ├── CheckpointFormatError          (checkpoint_format)      not a checkpoint this version can read
+    │   ├── CheckpointCorruptionError      (checkpoint_corruption)  damaged bytes, or an id that does not match
+    │   ├── UnknownNode                    (unknown_node)           no node with that id
+    │   ├── AmbiguousId                    (ambiguous_id)           an id prefix matches more than one id
+    │   └── AgentNotStarted                (agent_not_started)      a DurableAgent used before begin()/resume_from()
+    └── IdentityMismatch                   (durable_identity_mismatch) a resume would be a different run; appends nothing
+        ├── DefinitionChanged              (durable_definition_changed)
+        │   └── CellChanged                (durable_definition_changed) a %%resumable cell's source changed
+        ├── InputMismatch                  (durable_input_mismatch)
+        ├── BudgetChanged                  (durable_budget_changed)
+        ├── AgentMismatch                  (durable_agent_mismatch)
+        ├── SessionMismatch                (durable_session_mismatch)
+        └── ConversationMismatch           (durable_conversation_mismatch)
 
 Messages are one line naming the problem and the remedy. Errors carry their fields as
 attributes (``err.run_id``...), compare by ``code`` and survive pickling (they cross process
-boundaries in tests and workers).
+boundaries in tests and workers). Where a builtin exception fits too, an error also derives from
+it (``InvalidRunId`` is a ``ValueError``, ``ObjectNotFound`` a ``KeyError``...), so existing
+``except ValueError`` code keeps working.
 """
 
 from __future__ import annotations
@@ -54,11 +68,14 @@ from typing import Any
 
 __all__ = [
     "AgentMismatch",
+    "AgentNotStarted",
     "AmbiguousId",
     "BudgetChanged",
     "BudgetExceeded",
+    "CallError",
     "CaravanseraiError",
     "CheckpointCorruptionError",
+    "CheckpointError",
     "CheckpointFormatError",
     "ClassNotAllowed",
     "ConversationMismatch",
@@ -69,22 +86,29 @@ __all__ = [
     "HttpUnauthorized",
     "IdentityMismatch",
     "InputMismatch",
+    "InvalidInput",
     "InvalidRunId",
     "InvalidStoreUrl",
     "ItemsChanged",
     "JournalCorruptionError",
     "LeaseLost",
+    "MaxTurnsExceeded",
     "MissingExtra",
     "ModelError",
     "ModelNotConfigured",
+    "NoCurrentRun",
+    "NoSuchCall",
     "ObjectConditionalPutRequired",
     "ObjectLeaseTtlInvalid",
     "ObjectNotFound",
     "ResumeError",
+    "RunClosed",
+    "RunError",
     "RunLocked",
     "RunNotFound",
     "SerializationError",
     "SessionMismatch",
+    "StoreError",
     "StoreFull",
     "StoreUnavailable",
     "ToolEffectUncertain",
@@ -93,6 +117,7 @@ __all__ = [
     "UnknownStoreScheme",
     "UntrustedPickle",
     "UsageError",
+    "ValueRestoreError",
 ]
 
 
@@ -136,55 +161,185 @@ def _jsonable(value: Any) -> Any:
     return repr(value)
 
 
-class InvalidRunId(CaravanseraiError, ValueError):
+class UsageError(CaravanseraiError, ValueError):
+    code = "usage_error"
+
+
+class DurableOptionConflict(UsageError):
+    code = "durable_option_conflict"
+
+
+class InvalidInput(CaravanseraiError, ValueError):
+    code = "invalid_input"
+
+
+class InvalidRunId(InvalidInput):
     code = "invalid_run_id"
 
 
-class SerializationError(CaravanseraiError, ValueError):
-    code = "serialization_error"
+class InvalidStoreUrl(InvalidInput):
+    code = "invalid_store_url"
 
 
-class RunNotFound(CaravanseraiError, LookupError):
-    code = "run_not_found"
-
-
-class RunLocked(CaravanseraiError):
-    code = "run_locked"
-
-
-class LeaseLost(CaravanseraiError):
-    code = "lease_lost"
-
-
-class JournalCorruptionError(CaravanseraiError):
-    code = "journal_corruption"
-
-
-class StoreUnavailable(CaravanseraiError, OSError):
-    code = "store_unavailable"
-
-
-class UnknownStoreScheme(CaravanseraiError, ValueError):
+class UnknownStoreScheme(InvalidInput):
     code = "unknown_store_scheme"
 
 
-class MissingExtra(CaravanseraiError, ImportError):
+class SerializationError(InvalidInput):
+    code = "serialization_error"
+
+
+class StoreError(CaravanseraiError):
+    code = "store_error"
+
+
+class StoreUnavailable(StoreError, OSError):
+    code = "store_unavailable"
+
+
+class StoreFull(StoreUnavailable):
+    code = "store_full"
+
+
+class MissingExtra(StoreError, ImportError):
     code = "missing_extra"
 
 
-class ObjectNotFound(CaravanseraiError, KeyError):
+class RunLocked(StoreError):
+    code = "run_locked"
+
+
+class LeaseLost(StoreError):
+    code = "lease_lost"
+
+
+class JournalCorruptionError(StoreError):
+    code = "journal_corruption"
+
+
+class ObjectNotFound(StoreError, KeyError):
     code = "object_not_found"
 
     def __str__(self) -> str:  # KeyError would otherwise repr() the message
         return self.message
 
 
-class ItemsChanged(CaravanseraiError):
+class ObjectConditionalPutRequired(StoreError):
+    code = "durable_object_conditional_put_required"
+
+
+class ObjectLeaseTtlInvalid(StoreError, ValueError):
+    code = "durable_object_lease_ttl_invalid"
+
+
+class HttpInsecure(StoreError, ValueError):
+    code = "durable_http_insecure"
+
+
+class HttpTokenRequired(StoreError, ValueError):
+    code = "durable_http_token_required"
+
+
+class HttpUnauthorized(StoreError, PermissionError):
+    code = "durable_http_unauthorized"
+
+
+class RunError(CaravanseraiError):
+    code = "run_error"
+
+
+class RunNotFound(RunError, LookupError):
+    code = "run_not_found"
+
+
+class RunClosed(RunError):
+    code = "run_closed"
+
+
+class ItemsChanged(RunError):
     code = "items_changed"
 
 
-class ResumeError(CaravanseraiError):
+class ResumeError(RunError):
     code = "resume_error"
+
+
+class NoSuchCall(RunError, LookupError):
+    code = "no_such_call"
+
+
+class NoCurrentRun(RunError, TypeError):
+    code = "no_current_run"
+
+
+class ValueRestoreError(CaravanseraiError):
+    code = "value_restore_error"
+
+
+class UntrustedPickle(ValueRestoreError):
+    code = "untrusted_pickle"
+
+
+class ClassNotAllowed(ValueRestoreError):
+    code = "class_not_allowed"
+
+
+class CallError(CaravanseraiError):
+    code = "call_error"
+
+
+class ModelError(CallError):
+    code = "model_error"
+
+
+class ModelNotConfigured(CallError):
+    code = "model_not_configured"
+
+
+class BudgetExceeded(CallError):
+    code = "budget_exceeded"
+
+
+class ToolFailed(CallError):
+    code = "tool_failed"
+
+
+class ToolEffectUncertain(CallError):
+    code = "durable_tool_effect_uncertain"
+
+    def __str__(self) -> str:  # the message alone, whatever the arguments
+        return self.message
+
+
+class MaxTurnsExceeded(CallError):
+    code = "max_turns_exceeded"
+
+
+class CheckpointError(CaravanseraiError):
+    code = "checkpoint_error"
+
+
+class CheckpointFormatError(CheckpointError, ValueError):
+    code = "checkpoint_format"
+
+
+class CheckpointCorruptionError(CheckpointError):
+    code = "checkpoint_corruption"
+
+
+class UnknownNode(CheckpointError, KeyError):
+    code = "unknown_node"
+
+    def __str__(self) -> str:  # KeyError would otherwise repr() the message
+        return self.message
+
+
+class AmbiguousId(CheckpointError, ValueError):
+    code = "ambiguous_id"
+
+
+class AgentNotStarted(CheckpointError):
+    code = "agent_not_started"
 
 
 class IdentityMismatch(CaravanseraiError):
@@ -192,6 +347,16 @@ class IdentityMismatch(CaravanseraiError):
 
 
 class DefinitionChanged(IdentityMismatch):
+    code = "durable_definition_changed"
+
+
+class CellChanged(DefinitionChanged):
+    """A ``%%resumable`` cell's source differs from the one its run started with.
+
+    It keeps ``DefinitionChanged``'s code (a changed cell is a changed definition), so it is left
+    out of ``__all__``, whose codes are distinct; import it from here or ``caravanserai.ipython_ext``.
+    """
+
     code = "durable_definition_changed"
 
 
@@ -214,96 +379,3 @@ class SessionMismatch(IdentityMismatch):
 class ConversationMismatch(IdentityMismatch):
     code = "durable_conversation_mismatch"
 
-
-class ToolEffectUncertain(CaravanseraiError):
-    code = "durable_tool_effect_uncertain"
-
-    def __str__(self) -> str:
-        return self.message
-
-
-class ToolFailed(CaravanseraiError):
-    code = "tool_failed"
-
-
-class BudgetExceeded(CaravanseraiError):
-    code = "budget_exceeded"
-
-
-class DurableOptionConflict(CaravanseraiError, ValueError):
-    code = "durable_option_conflict"
-
-
-class ModelNotConfigured(CaravanseraiError):
-    code = "model_not_configured"
-
-
-class ModelError(CaravanseraiError):
-    code = "model_error"
-
-
-class CheckpointFormatError(CaravanseraiError, ValueError):
-    code = "checkpoint_format"
-
-
-class CheckpointCorruptionError(CaravanseraiError):
-    code = "checkpoint_corruption"
-
-
-class ObjectConditionalPutRequired(CaravanseraiError):
-    code = "durable_object_conditional_put_required"
-
-
-class ObjectLeaseTtlInvalid(CaravanseraiError, ValueError):
-    code = "durable_object_lease_ttl_invalid"
-
-
-class HttpInsecure(CaravanseraiError, ValueError):
-    code = "durable_http_insecure"
-
-
-class HttpTokenRequired(CaravanseraiError, ValueError):
-    code = "durable_http_token_required"
-
-
-class HttpUnauthorized(CaravanseraiError, PermissionError):
-    code = "durable_http_unauthorized"
-
-
-class UsageError(CaravanseraiError, ValueError):
-    code = "usage_error"
-
-
-class InvalidStoreUrl(CaravanseraiError, ValueError):
-    code = "invalid_store_url"
-
-
-class StoreFull(StoreUnavailable):
-    code = "store_full"
-
-
-class UntrustedPickle(CaravanseraiError):
-    code = "untrusted_pickle"
-
-
-class ClassNotAllowed(CaravanseraiError):
-    code = "class_not_allowed"
-
-
-class UnknownNode(CaravanseraiError, KeyError):
-    code = "unknown_node"
-
-    def __str__(self) -> str:  # KeyError would otherwise repr() the message
-        return self.message
-
-
-class AmbiguousId(CaravanseraiError, ValueError):
-    code = "ambiguous_id"
-
-
-class RunClosed(CaravanseraiError):
-    code = "run_closed"
-
-
-class NoSuchCall(CaravanseraiError, LookupError):
-    code = "no_such_call"

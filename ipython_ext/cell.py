@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from caravanserai.cli import ArgumentParser
-from caravanserai.errors import CaravanseraiError, DefinitionChanged
+from caravanserai.errors import CellChanged, RunNotFound
 from caravanserai.errors import UsageError as CaravanseraiUsageError
 from caravanserai.journal import digest
 from caravanserai.runs.snapshots import Snapshotter
@@ -28,10 +28,6 @@ from caravanserai.runs.lifecycle import RunScope, open_checked, read_events
 from caravanserai.stores import open_store
 
 OUTPUT_LIMIT = 64 * 1024
-
-
-class CellChanged(DefinitionChanged):
-    """The cell's source differs from the one its run started with."""
 
 
 def parser() -> argparse.ArgumentParser:
@@ -279,7 +275,7 @@ def _prepare_fork(store: Any, source_run: str, new_run: str, definition: str, ce
         return
     everything = read_events(source_run, store)
     if not everything:
-        raise CaravanseraiError(f"cannot fork run {source_run!r}: it does not exist in {store.url}", run_id=source_run)
+        raise RunNotFound(f"cannot fork run {source_run!r}: it does not exist in {store.url}; check the id with %caravanserai list", run_id=source_run)
     restart = max((i for i, e in enumerate(everything) if e["type"] == "restarted"), default=-1)
     events = everything[restart + 1:]  # only the current attempt's state counts after a --restart
     waypoint = next((e for e in reversed(events) if e["type"] == "waypoint" and "state" in e), None)

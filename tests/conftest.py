@@ -26,6 +26,15 @@ def need(condition: bool, reason: str) -> None:
     pytest.skip(reason)
 
 
+def need_module(name: str, extra: str = "test") -> ModuleType:
+    """Import ``name``, or skip (locally) / fail (under CI=true) naming the extra that installs it."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        need(False, f"{name} is not installed: pip install 'caravanserai[{extra}]'")
+        raise
+
+
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A fresh working directory; the default store is ./.caravanserai inside it."""

@@ -12,6 +12,7 @@ import pytest
 
 import caravanserai
 from caravanserai import checkpoint, complete
+from conftest import need
 
 
 def cli(*args: str, cwd: Path, env: dict, check_rc: int | None = 0) -> subprocess.CompletedProcess:
@@ -161,8 +162,7 @@ def test_resume_propagates_the_child_exit_code(project, child_env):
 
 def test_console_script_entry_point(project, child_env):
     exe = Path(sys.executable).with_name("caravanserai")
-    if not exe.exists():
-        pytest.skip("console script not installed next to this interpreter (run from an installed venv)")
+    need(exe.exists(), "console script not installed next to this interpreter (run from an installed venv)")
     proc = subprocess.run([str(exe), "list"], cwd=project, env=child_env, capture_output=True, text=True)
     assert proc.returncode == 0 and proc.stdout == "no runs yet\n"
 

@@ -1,10 +1,10 @@
-"""Every Python block of the README runs exactly as printed.
+"""Every Python block of README.md and docs/*.md runs exactly as printed.
 
-Plain blocks run as scripts in a fresh directory (one process each, the default store there).
-Notebook blocks (those using ``%`` magics) run in order in a REAL kernel through nbclient, with
-``OPENAI_BASE_URL`` pointing at the local model server behind a CountingProxy; run a second time
-in a new kernel, they send no request (the journal answers). Skips locally without the model
-server; fails under CI=true.
+Plain blocks run as scripts in a fresh directory (one process each, the default store there);
+blocks that use a model get ``OPENAI_BASE_URL``/``OPENAI_MODEL`` pointing at the local model
+server. Notebook blocks (those using ``%`` magics) run in order, per document, in a REAL kernel
+through nbclient; run a second time in a new kernel, the README's send no request (the journal
+answers). Skips locally without the model server; fails under CI=true.
 """
 
 from __future__ import annotations
@@ -31,8 +31,12 @@ def is_notebook(source: str) -> bool:
 
 
 README = REPO / "README.md"
-SCRIPTS = [(line, source) for line, source in blocks(README) if not is_notebook(source)]
-NOTEBOOK = [source for _, source in blocks(README) if is_notebook(source)]
+DOCUMENTS = [README, *sorted((REPO / "docs").glob("*.md"))]
+SCRIPTS = [(path, line, source) for path in DOCUMENTS for line, source in blocks(path) if not is_notebook(source)]
+NOTEBOOKS = {path: [source for _, source in blocks(path) if is_notebook(source)] for path in DOCUMENTS}
+NOTEBOOKS = {path: cells for path, cells in NOTEBOOKS.items() if cells}
+NOTEBOOK = NOTEBOOKS[README]
+USES_A_MODEL = ("openai", "auto()")
 
 # What each script block must leave behind, beyond exiting 0 (keyed by a line of the block).
 EXPECT = {
@@ -45,17 +49,21 @@ EXPECT = {
 
 
 def test_the_readme_has_script_and_notebook_blocks():
-    assert len(SCRIPTS) >= 5 and len(NOTEBOOK) == 2
+    assert sum(path == README for path, _, _ in SCRIPTS) >= 5 and len(NOTEBOOK) == 2
 
 
-@pytest.mark.parametrize("line,source", SCRIPTS, ids=[f"README.md:{line}" for line, _ in SCRIPTS])
-def test_readme_block_runs_as_printed(tmp_path, child_env, line, source):
-    proc = subprocess.run([PYTHON, "-c", source], cwd=tmp_path, env=child_env, capture_output=True, text=True,
-                          timeout=120)
+@pytest.mark.parametrize("path,line,source", SCRIPTS, ids=[f"{p.name}:{line}" for p, line, _ in SCRIPTS])
+def test_block_runs_as_printed(request, tmp_path, child_env, path, line, source):
+    env = dict(child_env)
+    if any(word in source for word in USES_A_MODEL):
+        server = request.getfixturevalue("model_server")
+        env.update(OPENAI_BASE_URL=server.url + "/v1", OPENAI_API_KEY="local", OPENAI_MODEL=server.model)
+    proc = subprocess.run([PYTHON, "-c", source], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=180)
     assert proc.returncode == 0, proc.stderr
     for key, (run_id, shown, status) in EXPECT.items():
         if key in source:
-            listed = subprocess.run([PYTHON, "-m", "caravanserai", "list"], cwd=tmp_path, env=child_env,
+            listed = subprocess.run([PYTHON, "-m", "caravanserai", "list"], cwd=tmp_path, env=env,
                                     capture_output=True, text=True, timeout=60).stdout
             assert run_id in listed and (shown in listed or shown in proc.stdout), (listed, proc.stdout)
             assert next(row for row in listed.splitlines() if row.startswith(run_id)).endswith(status)
@@ -86,3 +94,21 @@ def test_readme_notebook_cells_run_and_a_rerun_sends_nothing(tmp_path, model_ser
     assert sent == 3
     assert execute().strip() == "['deserts', 'glaciers', 'rivers'] {'ChatCompletion'} True"  # re-shown from the journal
     assert len(proxy.posts("/chat/completions")) == sent
+
+
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p != README], ids=lambda p: p.name)
+def test_doc_notebook_cells_run(tmp_path, model_server, path):
+    need_kernel_packages()
+    import nbformat
+    from nbclient import NotebookClient
+
+    from kernel_helpers import child_env
+
+    env = child_env(tmp_path)
+    env.update(OPENAI_BASE_URL=model_server.url + "/v1", OPENAI_API_KEY="local", OPENAI_MODEL=model_server.model)
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(source) for source in NOTEBOOKS[path]]
+    NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute(env=env)
+    errors = [o for cell in nb.cells for o in cell.outputs if o.output_type == "error"]
+    assert errors == []

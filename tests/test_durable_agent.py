@@ -34,6 +34,7 @@ from caravanserai.checkpoints import (
 )
 from caravanserai.errors import CaravanseraiError, CheckpointCorruptionError, CheckpointFormatError, ModelError
 
+from conftest import need
 from agent_helpers import (
     PYTHON,
     CHILDREN,
@@ -62,7 +63,7 @@ def seed_samples() -> list[str] | None:
     shell lines do not compile; a title such as "Checkpoint and resume" compiles but has none of
     those); consecutive code paragraphs form one sample.
     """
-    folder = Path(os.environ.get("CARAVANSERAI_SEEDS", REPO.parent / "shared" / "seeds"))
+    folder = Path(os.environ.get("CARAVANSERAI_SEEDS", REPO / "tests" / "fixtures" / "seeds"))  # copies of shared/seeds
     found = sorted(folder.glob("004_*.txt"))
     if not found:
         return None
@@ -86,8 +87,7 @@ def seed_samples() -> list[str] | None:
 
 def test_seed_samples_are_the_children_verbatim():
     samples = seed_samples()
-    if samples is None:
-        pytest.skip("the seed text (shared/seeds/004_*.txt) is not here; the children carry the samples")
+    need(samples is not None, "the seed text (tests/fixtures/seeds/004_*.txt) is missing")
     assert len(samples) == 5, f"expected the seed's 5 Python samples, found {len(samples)}: {samples}"
     resume, processes, stores, log, fork = samples
     assert verbatim("agent_seed_resume.py") == resume

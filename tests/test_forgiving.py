@@ -18,7 +18,7 @@ import pytest
 import caravanserai
 from caravanserai import SerializationError, checkpoint, durable, history, load_latest, resumable_iterate
 from caravanserai.cli import main
-from conftest import PYTHON, kill9
+from conftest import PYTHON, kill9, need_module
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -146,7 +146,7 @@ def test_verify_reports_a_dropped_torn_tail(project, capsys):
 # ---- the magics --------------------------------------------------------------------------------
 @pytest.fixture
 def shell(project):
-    pytest.importorskip("IPython")
+    need_module("IPython", "notebook")
     from IPython.testing.globalipapp import get_ipython
 
     ip = get_ipython()

@@ -50,3 +50,15 @@ def test_load_ipython_extension_is_importable_lazily():
     import caravanserai.ipython_ext as ext
 
     assert callable(ext.load_ipython_extension)
+
+
+def test_the_wheel_holds_every_module_of_the_source_tree(tmp_path):
+    """The explicit package list in pyproject.toml misses no subpackage (nor py.typed)."""
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(REPO)],
+                   check=True, capture_output=True)
+    names = set(zipfile.ZipFile(next(tmp_path.glob("caravanserai-*.whl"))).namelist())
+    expected = {f"caravanserai/{p.relative_to(REPO / 'caravanserai').as_posix()}" for p in (REPO / "caravanserai").rglob("*.py")}
+    for folder in ("ipython_ext", "widgets"):
+        expected |= {f"caravanserai/{folder}/{p.relative_to(REPO / folder).as_posix()}" for p in (REPO / folder).rglob("*.py")}
+    assert expected - names == set()
+    assert "caravanserai/py.typed" in names

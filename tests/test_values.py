@@ -29,6 +29,7 @@ from caravanserai.runs import values
 from caravanserai.journal import dumps
 from caravanserai.runs.snapshots import encode_value
 from caravanserai.runs import read_events
+from conftest import need_module
 from durable_helpers import rewrite_journal
 
 
@@ -84,8 +85,8 @@ def test_ordinary_values_round_trip_with_their_types():
 
 
 def test_numpy_and_pandas_values_round_trip():
-    np = pytest.importorskip("numpy")
-    pd = pytest.importorskip("pandas")
+    np = need_module("numpy")
+    pd = need_module("pandas")
     value = {"array": np.arange(6, dtype=np.int16).reshape(2, 3), "scalar": np.float32(1.25),
              "frame": pd.DataFrame({"a": [1, 2], "b": ["x", "y"]}), "series": pd.Series([1.5, 2.5], name="s"),
              "stamp": pd.Timestamp("2026-05-01T12:00:00Z")}
@@ -217,7 +218,7 @@ def test_a_journaled_response_type_is_built_only_if_allowed(project):
     marker = project / "marker"
     forged = _from_dict({"type": "subprocess:Popen", "body": {"args": ["touch", str(marker)]}})
     assert not marker.exists() and forged.args == ["touch", str(marker)]  # plain attributes, nothing called
-    openai = pytest.importorskip("openai")
+    openai = need_module("openai")
     body = {"id": "c1", "object": "chat.completion", "created": 1, "model": "m",
             "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}]}
     rebuilt = _from_dict({"type": "openai.types.chat.chat_completion:ChatCompletion", "body": body})

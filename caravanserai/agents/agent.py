@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..calls.journaled import EFFECTS, model_call, tool_call
-from ..errors import CaravanseraiError, DurableOptionConflict, ToolFailed
+from ..errors import DurableOptionConflict, MaxTurnsExceeded, NoCurrentRun, ToolFailed
 from ..calls.ledger import Budget, Receipt, completed_receipt
 from ..journal import digest
 from ..calls.models import Model, auto
@@ -119,7 +119,7 @@ class Agent:
         def call_subagent(input: str) -> str:
             run = current_run()
             if run is None:
-                raise CaravanseraiError(f"subagent {sub.id!r} must be called inside a run", agent=sub.id)
+                raise NoCurrentRun(f"subagent {sub.id!r} must be called inside a run (as a tool of an agent run)", agent=sub.id)
             path = f"{_AGENT_PATH.get()}/{sub.id}"
             conversation = [{"role": "system", "content": sub.instructions}, {"role": "user", "content": input}]
             return _loop(run, sub, conversation, path=path, checkpoint_turns=False)
@@ -201,7 +201,7 @@ def _loop(run: Run, spec: Agent, conversation: list[dict], *, path: str, checkpo
         conversation.extend(added)
         if not response.tool_calls:
             return response.text
-    raise CaravanseraiError(f"agent {spec.id!r} used all {spec.max_turns} turns without a final answer; raise max_turns",
+    raise MaxTurnsExceeded(f"agent {spec.id!r} used all {spec.max_turns} turns without a final answer; raise max_turns",
                             code_detail="max_turns", agent=spec.id)
 
 

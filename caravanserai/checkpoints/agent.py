@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 from . import format as fmt
 from .format import corrupt, short
-from ..errors import CaravanseraiError, ModelError, SerializationError, UnknownNode, UsageError
+from ..errors import AgentNotStarted, ModelError, SerializationError, UnknownNode, UsageError
 from ..calls.models import OpenAICompatibleModel
 
 __all__ = ["DurableAgent", "FakeBackend", "OpenAICompletionsBackend", "decode_checkpoint", "validate_header"]
@@ -291,7 +291,7 @@ class DurableAgent:
     # ---- internals -----------------------------------------------------------------------
     def _require(self) -> dict[str, Any]:
         if self._header is None:
-            raise CaravanseraiError("this DurableAgent has no run: call begin(prompts) or resume_from(checkpoint)")
+            raise AgentNotStarted("this DurableAgent has no run: call begin(prompts) or resume_from(checkpoint)")
         return self._header
 
     def _load(self, ckpt: bytes) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, TypeVar
 
-from ..errors import InvalidRunId
+from ..errors import InvalidRunId, NoCurrentRun
 from ..journal import RawJSON, check_text
 from ..ids import validate_run_id
 from .lifecycle import current_run, durable, open_run, read_events, registry
@@ -49,7 +49,7 @@ def checkpoint(run_id: Any, state: Any = _NO_NOTE, note: Any = _NO_NOTE, *, stor
     if note is _NO_NOTE:  # the current-run forms: checkpoint(state[, note])
         run = current_run()
         if run is None:
-            raise TypeError("checkpoint(state, note) without a run id needs a current run (inside durable() or a "
+            raise NoCurrentRun("checkpoint(state, note) without a run id needs a current run (inside durable() or a "
                             "%%resumable cell); otherwise call checkpoint(run_id, state, note)")
         state, note = run_id, ("" if state is _NO_NOTE else state)
         return run.checkpoint(RawJSON(to_json(state), state), note)

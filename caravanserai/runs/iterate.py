@@ -18,7 +18,7 @@ import time
 from datetime import timedelta
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-from ..errors import ItemsChanged
+from ..errors import ItemsChanged, NoCurrentRun, UsageError
 from ..journal import canonical
 from ..ids import validate_run_id
 from .progress import ProgressLine
@@ -53,10 +53,10 @@ def _parse_every(every: int | str | timedelta | None) -> tuple[int, float | None
     if every is None:
         return 1, None
     if isinstance(every, bool) or isinstance(every, float):
-        raise TypeError(f"every={every!r}: give a number of items (every=100) or a duration (every='2s', timedelta)")
+        raise UsageError(f"every={every!r}: give a number of items (every=100) or a duration (every='2s', timedelta)")
     if isinstance(every, int):
         if every < 1:
-            raise ValueError(f"every={every}: commit at least every 1 item")
+            raise UsageError(f"every={every}: commit at least every 1 item")
         return every, None
     if isinstance(every, timedelta):
         return sys.maxsize, every.total_seconds()
@@ -65,7 +65,7 @@ def _parse_every(every: int | str | timedelta | None) -> tuple[int, float | None
         if match:
             value, unit = float(match.group(1)), match.group(2)
             return sys.maxsize, value * _UNIT_SECONDS[unit]
-    raise ValueError(f"every={every!r}: use an int (items), a duration string like '500ms' or '2s', or a timedelta")
+    raise UsageError(f"every={every!r}: use an int (items), a duration string like '500ms' or '2s', or a timedelta")
 
 
 def resumable_iterate(
@@ -89,7 +89,7 @@ def resumable_iterate(
     if run_id is _CURRENT:
         run = current_run()
         if run is None:
-            raise TypeError("resumable_iterate(items) without a run id needs a current run (inside durable() or a "
+            raise NoCurrentRun("resumable_iterate(items) without a run id needs a current run (inside durable() or a "
                             "%%resumable cell); otherwise pass run_id=...")
         return _iterate(items, run.run_id, note, limits, key, progress, run.store)
     validate_run_id(run_id)

@@ -44,7 +44,7 @@ from decimal import Decimal
 from pathlib import Path, PosixPath, PurePath, PurePosixPath, PureWindowsPath
 from typing import Any, Callable, Iterable
 
-from ..errors import ClassNotAllowed, JournalCorruptionError, SerializationError
+from ..errors import ClassNotAllowed, JournalCorruptionError, SerializationError, UsageError
 
 __all__ = ["Unencodable", "allow_class", "allowed_classes", "class_ref", "decode", "encode", "resolve_class"]
 
@@ -81,7 +81,7 @@ def allow_class(*classes: type) -> None:
     """
     for cls in classes:
         if not isinstance(cls, type):
-            raise TypeError(f"allow_class() takes classes, got {cls!r}")
+            raise UsageError(f"allow_class() takes classes, got {cls!r}")
         _ALLOWED[class_ref(cls)] = cls
 
 
