@@ -26,7 +26,10 @@ model-server: $(BIN)/.installed
 vllm-server: model-server
 	$(BIN)/python tests/servers/vllm_server.py setup
 
+# The gates first (lint, types), then every test.
 test: $(BIN)/.installed model-server vllm-server
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest
 
 bench: $(BIN)/.installed

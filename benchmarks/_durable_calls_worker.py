@@ -24,35 +24,29 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import sys
 import time
 
 T_PROCESS = time.perf_counter()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _common, also under python -I
+from _common import (  # noqa: E402
+    Usage,
+    best_of,
+    dbos_destroy,
+    dbos_launch,
+    describe,
+    emit_result,
+    fsync_floor,
+    install_fsync_counter,
+    nearest_rank,
+    profile_text,
+    which_caravanserai,
+)
 
-# ---- fsync counters (before any implementation is imported; Python-level calls only) ----------
-FSYNCS = {"fsync": 0, "fdatasync": 0}
-_real_fsync, _real_fdatasync = os.fsync, getattr(os, "fdatasync", os.fsync)
-
-
-def _counting_fsync(fd):  # noqa: ANN001
-    FSYNCS["fsync"] += 1
-    return _real_fsync(fd)
-
-
-def _counting_fdatasync(fd):  # noqa: ANN001
-    FSYNCS["fdatasync"] += 1
-    return _real_fdatasync(fd)
-
-
-os.fsync = _counting_fsync
-if hasattr(os, "fdatasync"):
-    os.fdatasync = _counting_fdatasync
-
+FSYNC = install_fsync_counter()  # before any implementation is imported; Python-level calls only
 EXECUTED = {"n": 0}  # how many times a journaled function body really ran in this process
 RERUN_INPUT = "How big is Samarkand?"
-RERUN_REPLIES = 2  # model calls in the small finished run (plus one tool call)
 APP_VERSION = "bench-durable-calls"
 
 
@@ -61,66 +55,59 @@ def payload(i: int) -> dict:
     return {"i": i, "text": f"step {i:05d} " + "." * 48}
 
 
-def emit(result: dict) -> None:
-    sys.stdout.write("RESULT " + json.dumps(result) + "\n")
-    sys.stdout.flush()
+# The journaled bodies, the same for every implementation (each framework wraps them its own way).
+def step(i: int) -> dict:
+    EXECUTED["n"] += 1
+    return payload(i)
 
 
-def plain_loop_us(n: int) -> float:
-    """Time of ``n`` direct calls of the trivial function (min of 5), in µs."""
-    best = float("inf")
-    for _ in range(5):
-        t = time.perf_counter()
+def model_call(messages: list) -> dict:
+    EXECUTED["n"] += 1
+    return {"role": "assistant", "content": "", "tool_calls": [{"name": "lookup", "arguments": {"city": "Samarkand"}}]}
+
+
+def lookup(city: str) -> dict:
+    EXECUTED["n"] += 1
+    return {"city": city, "population": 500_000}
+
+
+def final_call(messages: list) -> dict:
+    EXECUTED["n"] += 1
+    return {"role": "assistant", "content": "Samarkand has about 500,000 people."}
+
+
+def small_flow(question: str, calls: tuple, wait=lambda value: value) -> str:
+    """The small finished run: model call, tool call, model call (``calls`` wrapped by the peer)."""
+    model, tool, final = calls
+    messages = [{"role": "user", "content": question}]
+    first = wait(model(messages))
+    found = wait(tool("Samarkand"))
+    return wait(final(messages + [first, {"role": "tool", "content": json.dumps(found)}]))["content"]
+
+
+def overhead_result(n: int, usage: Usage, loop_s: float, **extra) -> dict:
+    """Scenario 1's answer: whole run and loop time, CPU, a plain loop of the same calls (min of 5, us)."""
+    def plain() -> None:
         for i in range(n):
             payload(i)
-        best = min(best, time.perf_counter() - t)
-    return best * 1e6
+    return {"n": n, "total_s": usage.wall, "loop_s": loop_s, "cpu_s": usage.cpu, "user_s": usage.user,
+            "sys_s": usage.sys, "plain_loop_us": best_of(plain) * 1e6, "executed": EXECUTED["n"], **extra}
 
 
-# ================================================================================================
-# floor
-# ================================================================================================
-def floor(args: argparse.Namespace) -> dict:
-    path = os.path.join(args.dir, "fsync-floor.bin")
-    record = (b"x" * 99) + b"\n"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    samples = []
-    try:
-        for k in range(args.floor_n + 5):
-            t = time.perf_counter()
-            os.write(fd, record)
-            _real_fdatasync(fd)
-            if k >= 5:
-                samples.append((time.perf_counter() - t) * 1e6)
-    finally:
-        os.close(fd)
-        os.unlink(path)
-    samples.sort()
-    return {"n": len(samples), "median_us": statistics.median(samples), "mean_us": statistics.fmean(samples),
-            "p90_us": samples[int(0.9 * (len(samples) - 1))], "min_us": samples[0], "max_us": samples[-1]}
+def rerun_result(times: list[float], **extra) -> dict:
+    warm = sorted(times[1:])
+    return {"first_s": times[0], "warm_median_s": statistics.median(warm) if warm else None,
+            "warm_p90_s": nearest_rank(warm, 0.9) if warm else None, "reps": len(times), **extra}
 
 
 # ================================================================================================
 # ours
 # ================================================================================================
-def ours_imports() -> dict:
-    import caravanserai  # noqa: F401
-    from caravanserai.testing import ScriptedModel  # noqa: F401
+def ours_imports(args: argparse.Namespace) -> dict:
+    found = which_caravanserai(args.repo)
+    import caravanserai.testing  # noqa: F401
 
-    try:
-        import importlib.metadata as md
-        meta = md.version("caravanserai")
-    except Exception:  # pragma: no cover
-        meta = None
-    info = {"caravanserai": getattr(caravanserai, "__version__", None), "metadata": meta, "file": caravanserai.__file__}
-    if args_global.repo and not os.path.realpath(caravanserai.__file__).startswith(os.path.realpath(args_global.repo)):
-        sys.exit(f"[worker ours] imported caravanserai from {caravanserai.__file__}, not from {args_global.repo}")
-    return info
-
-
-def ours_step(i: int) -> dict:
-    EXECUTED["n"] += 1
-    return payload(i)
+    return found
 
 
 def ours_overhead(args: argparse.Namespace) -> dict:
@@ -129,110 +116,79 @@ def ours_overhead(args: argparse.Namespace) -> dict:
     store = os.path.join(args.dir, "ours-store")
     with caravanserai.durable(f"warm-{args.round}", store=store) as run:  # untimed warm-up
         for i in range(20):
-            run.call_tool(ours_step, {"i": i}, name="step", effect="read")
+            run.call_tool(step, {"i": i}, name="step", effect="read")
     EXECUTED["n"] = 0
-    FSYNCS.update(fsync=0, fdatasync=0)
-    n = args.n
-    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
-    t0 = time.perf_counter()
-    with caravanserai.durable(f"ovh-{args.round}", store=store) as run:
-        t1 = time.perf_counter()
-        for i in range(n):
-            run.call_tool(ours_step, {"i": i}, name="step", effect="read")
-        t2 = time.perf_counter()
-    t3 = time.perf_counter()
-    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
-    user, system = cpu1.ru_utime - cpu0.ru_utime, cpu1.ru_stime - cpu0.ru_stime
-    assert EXECUTED["n"] == n, EXECUTED
-    fsyncs = FSYNCS["fsync"] + FSYNCS["fdatasync"]
-    return {"n": n, "total_s": t3 - t0, "loop_s": t2 - t1, "cpu_s": user + system, "user_s": user, "sys_s": system,
-            "plain_loop_us": plain_loop_us(n),
-            "fsyncs": fsyncs, "fsyncs_per_call": fsyncs / n, "executed": EXECUTED["n"]}
+    FSYNC.reset()
+    with Usage() as usage:
+        with caravanserai.durable(f"ovh-{args.round}", store=store) as run:
+            t1 = time.perf_counter()
+            for i in range(args.n):
+                run.call_tool(step, {"i": i}, name="step", effect="read")
+            loop_s = time.perf_counter() - t1
+    assert EXECUTED["n"] == args.n, EXECUTED
+    return overhead_result(args.n, usage, loop_s, fsyncs=FSYNC.calls, fsyncs_per_call=FSYNC.calls / args.n)
 
 
 def ours_resume_write(args: argparse.Namespace) -> None:
     import caravanserai
 
-    store = os.path.join(args.dir, "ours-store")
     t0 = time.perf_counter()
-    with caravanserai.durable(args.id, store=store) as run:
+    with caravanserai.durable(args.id, store=os.path.join(args.dir, "ours-store")) as run:
         for i in range(args.big):
-            run.call_tool(ours_step, {"i": i}, name="step")
-        emit({"calls": EXECUTED["n"], "write_s": time.perf_counter() - t0,
-              "fsyncs": FSYNCS["fsync"] + FSYNCS["fdatasync"]})
+            run.call_tool(step, {"i": i}, name="step")
+        emit_result({"calls": EXECUTED["n"], "write_s": time.perf_counter() - t0, "fsyncs": FSYNC.calls})
         os._exit(137)  # killed before the run finishes: no run_completed, no lease release
 
 
-def ours_resume(args: argparse.Namespace, import_s: float) -> dict:
+def ours_resume(args: argparse.Namespace) -> dict:
     import caravanserai
 
     store = os.path.join(args.dir, "ours-store")
     t0 = time.perf_counter()
     with caravanserai.durable(args.id, store=store) as run:
         t1 = time.perf_counter()
-        attempt = run.attempt
         for i in range(args.big):
-            run.call_tool(ours_step, {"i": i}, name="step")
+            run.call_tool(step, {"i": i}, name="step")
         t2 = time.perf_counter()
     t3 = time.perf_counter()
     return {"total_s": t3 - t0, "open_s": t1 - t0, "replay_loop_s": t2 - t1, "close_s": t3 - t2,
-            "re_executed": EXECUTED["n"], "attempt": attempt, "completed": run.completed,
+            "re_executed": EXECUTED["n"], "attempt": run.attempt, "completed": run.completed,
             "journal_bytes": os.path.getsize(os.path.join(store, args.id, "journal.jsonl"))}
 
 
-def ours_agent():
+def ours_rerun_once(args: argparse.Namespace) -> tuple[float, object, object]:
+    """One ``caravanserai.run`` of the small agent (a fresh ScriptedModel: any request would show)."""
     import caravanserai
     from caravanserai.testing import ScriptedModel
-
-    def lookup(city: str) -> dict:
-        EXECUTED["n"] += 1
-        return {"city": city, "population": 500_000}
 
     model = ScriptedModel([ScriptedModel.tool("lookup", city="Samarkand"), "Samarkand has about 500,000 people."])
     agent = caravanserai.agent(id="bench-agent", instructions="Answer briefly.", model=model,
                                tools=[caravanserai.tool(lookup, effect="read")])
-    return model, agent
+    t = time.perf_counter()
+    result = caravanserai.run(agent, RERUN_INPUT, durable={"run_id": args.id, "store": os.path.join(args.dir, "ours-store")})
+    return time.perf_counter() - t, model, result
 
 
 def ours_rerun_setup(args: argparse.Namespace) -> dict:
-    import caravanserai
-
-    model, agent = ours_agent()
-    t = time.perf_counter()
-    result = caravanserai.run(agent, RERUN_INPUT, durable={"run_id": args.id, "store": os.path.join(args.dir, "ours-store")})
-    return {"first_run_s": time.perf_counter() - t, "model_requests": len(model.requests), "tool_calls": EXECUTED["n"],
+    elapsed, model, result = ours_rerun_once(args)
+    return {"first_run_s": elapsed, "model_requests": len(model.requests), "tool_calls": EXECUTED["n"],
             "text": result.text, "replayed": result.replayed}
 
 
 def ours_rerun(args: argparse.Namespace) -> dict:
-    import caravanserai
-
-    store = os.path.join(args.dir, "ours-store")
-    times, requests, replayed, texts = [], 0, [], set()
-    for _ in range(args.reps):
-        model, agent = ours_agent()  # a fresh model each time: any request would show in model.requests
-        t = time.perf_counter()
-        result = caravanserai.run(agent, RERUN_INPUT, durable={"run_id": args.id, "store": store})
-        times.append(time.perf_counter() - t)
-        assert len(model.requests) == 0, f"re-run called the model {len(model.requests)} times"
-        requests += len(model.requests)
-        replayed.append(result.replayed)
-        texts.add(result.text)
-    return {"first_s": times[0], "warm_median_s": statistics.median(times[1:]) if len(times) > 1 else None,
-            "warm_p90_s": sorted(times[1:])[int(0.9 * (len(times) - 2))] if len(times) > 2 else None,
-            "reps": len(times), "model_requests": requests, "tool_calls": EXECUTED["n"],
-            "all_replayed": all(replayed), "texts": sorted(texts)}
+    runs = [ours_rerun_once(args) for _ in range(args.reps)]
+    requests = sum(len(model.requests) for _, model, _ in runs)
+    assert requests == 0, f"re-run called the model {requests} times"
+    return rerun_result([t for t, _, _ in runs], model_requests=requests, tool_calls=EXECUTED["n"],
+                        all_replayed=all(r.replayed for _, _, r in runs), texts=sorted({r.text for _, _, r in runs}))
 
 
 # ================================================================================================
 # LangGraph functional API + SqliteSaver, durability="sync"
 # ================================================================================================
-def lg_imports() -> dict:
-    import sqlite3  # noqa: F401
-
-    import langgraph  # noqa: F401
-    from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: F401
-    from langgraph.func import entrypoint, task  # noqa: F401
+def lg_imports(args: argparse.Namespace) -> dict:
+    import langgraph.checkpoint.sqlite  # noqa: F401
+    import langgraph.func  # noqa: F401
 
     return {}
 
@@ -253,20 +209,16 @@ def lg_steps(saver, die_after_loop: bool = False):
     from langgraph.func import entrypoint, task
 
     timing = {}
-
-    @task
-    def step(i: int) -> dict:
-        EXECUTED["n"] += 1
-        return payload(i)
+    step_task = task(step)
 
     @entrypoint(checkpointer=saver)
     def main(n: int) -> int:
         t = time.perf_counter()
         for i in range(n):
-            step(i).result()
+            step_task(i).result()
         timing["loop_s"] = time.perf_counter() - t
         if die_after_loop:
-            emit({"calls": EXECUTED["n"], "loop_s": timing["loop_s"]})
+            emit_result({"calls": EXECUTED["n"], "loop_s": timing["loop_s"]})
             os._exit(137)
         return n
 
@@ -282,18 +234,11 @@ def lg_overhead(args: argparse.Namespace) -> dict:
     main, timing = lg_steps(saver)
     main.invoke(20, lg_cfg(f"warm-{args.round}"), durability="sync")  # untimed warm-up
     EXECUTED["n"] = 0
-    n = args.n
-    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
-    t0 = time.perf_counter()
-    out = main.invoke(n, lg_cfg(f"ovh-{args.round}"), durability="sync")
-    t3 = time.perf_counter()
-    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
-    user, system = cpu1.ru_utime - cpu0.ru_utime, cpu1.ru_stime - cpu0.ru_stime
-    assert out == n and EXECUTED["n"] == n, (out, EXECUTED)
+    with Usage() as usage:
+        out = main.invoke(args.n, lg_cfg(f"ovh-{args.round}"), durability="sync")
+    assert out == args.n and EXECUTED["n"] == args.n, (out, EXECUTED)
     conn.close()
-    return {"n": n, "total_s": t3 - t0, "loop_s": timing["loop_s"], "cpu_s": user + system, "user_s": user, "sys_s": system,
-            "plain_loop_us": plain_loop_us(n),
-            "executed": EXECUTED["n"]}
+    return overhead_result(args.n, usage, timing["loop_s"])
 
 
 def lg_resume_write(args: argparse.Namespace) -> None:
@@ -303,7 +248,7 @@ def lg_resume_write(args: argparse.Namespace) -> None:
     sys.exit("the LangGraph writer was expected to kill itself")
 
 
-def lg_resume(args: argparse.Namespace, import_s: float) -> dict:
+def lg_resume(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     conn, saver = lg_saver(os.path.join(args.dir, "lg-big.sqlite"))
     main, timing = lg_steps(saver)
@@ -319,28 +264,11 @@ def lg_resume(args: argparse.Namespace, import_s: float) -> dict:
 def lg_small(saver):
     from langgraph.func import entrypoint, task
 
-    @task
-    def model_call(messages: list) -> dict:
-        EXECUTED["n"] += 1
-        return {"role": "assistant", "content": "", "tool_calls": [{"name": "lookup", "arguments": {"city": "Samarkand"}}]}
-
-    @task
-    def lookup(city: str) -> dict:
-        EXECUTED["n"] += 1
-        return {"city": city, "population": 500_000}
-
-    @task
-    def final_call(messages: list) -> dict:
-        EXECUTED["n"] += 1
-        return {"role": "assistant", "content": "Samarkand has about 500,000 people."}
+    calls = (task(model_call), task(lookup), task(final_call))
 
     @entrypoint(checkpointer=saver)
     def small(question: str) -> str:
-        messages = [{"role": "user", "content": question}]
-        first = model_call(messages).result()
-        tool = lookup("Samarkand").result()
-        final = final_call(messages + [first, {"role": "tool", "content": json.dumps(tool)}]).result()
-        return final["content"]
+        return small_flow(question, calls, wait=lambda future: future.result())
 
     return small
 
@@ -351,9 +279,8 @@ def lg_checkpoints(conn, thread: str) -> int:
 
 def lg_rerun_setup(args: argparse.Namespace) -> dict:
     conn, saver = lg_saver(os.path.join(args.dir, "lg-fin.sqlite"))
-    small = lg_small(saver)
     t = time.perf_counter()
-    text = small.invoke(RERUN_INPUT, lg_cfg(args.id), durability="sync")
+    text = lg_small(saver).invoke(RERUN_INPUT, lg_cfg(args.id), durability="sync")
     out = {"first_run_s": time.perf_counter() - t, "executed": EXECUTED["n"], "text": text,
            "checkpoints": lg_checkpoints(conn, args.id)}
     conn.close()
@@ -373,10 +300,9 @@ def lg_rerun(args: argparse.Namespace) -> dict:
         per_call.append(EXECUTED["n"] - k)
     after = lg_checkpoints(conn, args.id)
     conn.close()
-    return {"first_s": times[0], "warm_median_s": statistics.median(times[1:]) if len(times) > 1 else None,
-            "reps": len(times), "executed_total": EXECUTED["n"], "executed_first": per_call[0],
-            "executed_per_rerun": statistics.median(per_call), "calls_per_run": 3,
-            "checkpoints_before": before, "checkpoints_after": after, "texts": sorted(texts)}
+    return rerun_result(times, executed_total=EXECUTED["n"], executed_first=per_call[0],
+                        executed_per_rerun=statistics.median(per_call), calls_per_run=3, checkpoints_before=before,
+                        checkpoints_after=after, texts=sorted(texts))
 
 
 # ================================================================================================
@@ -385,8 +311,8 @@ def lg_rerun(args: argparse.Namespace) -> dict:
 DBOS_FUNCS: dict = {}
 
 
-def dbos_imports() -> dict:
-    from dbos import DBOS, SetWorkflowID  # noqa: F401
+def dbos_imports(args: argparse.Namespace) -> dict:
+    import dbos  # noqa: F401
 
     return {}
 
@@ -395,116 +321,67 @@ def dbos_register(die_after_loop: bool = False) -> None:
     """Register the workflows and steps (before DBOS.launch(), identical in every process)."""
     from dbos import DBOS
 
-    @DBOS.step()
-    def step(i: int) -> dict:
-        EXECUTED["n"] += 1
-        return payload(i)
+    step_fn = DBOS.step()(step)
+    calls = (DBOS.step()(model_call), DBOS.step()(lookup), DBOS.step()(final_call))
 
     @DBOS.workflow()
     def steps_wf(n: int) -> int:
         t = time.perf_counter()
         for i in range(n):
-            step(i)
+            step_fn(i)
         DBOS_FUNCS["loop_s"] = time.perf_counter() - t
-        if DBOS_FUNCS.get("die_after_loop"):
-            emit({"calls": EXECUTED["n"], "loop_s": DBOS_FUNCS["loop_s"]})
+        if die_after_loop:
+            emit_result({"calls": EXECUTED["n"], "loop_s": DBOS_FUNCS["loop_s"]})
             os._exit(137)
         return n
 
-    @DBOS.step()
-    def model_call(messages: list) -> dict:
-        EXECUTED["n"] += 1
-        return {"role": "assistant", "content": "", "tool_calls": [{"name": "lookup", "arguments": {"city": "Samarkand"}}]}
-
-    @DBOS.step()
-    def lookup(city: str) -> dict:
-        EXECUTED["n"] += 1
-        return {"city": city, "population": 500_000}
-
-    @DBOS.step()
-    def final_call(messages: list) -> dict:
-        EXECUTED["n"] += 1
-        return {"role": "assistant", "content": "Samarkand has about 500,000 people."}
-
     @DBOS.workflow()
     def small_wf(question: str) -> str:
-        messages = [{"role": "user", "content": question}]
-        first = model_call(messages)
-        tool = lookup("Samarkand")
-        final = final_call(messages + [first, {"role": "tool", "content": json.dumps(tool)}])
-        return final["content"]
+        return small_flow(question, calls)
 
-    DBOS_FUNCS.update(steps_wf=steps_wf, small_wf=small_wf, die_after_loop=die_after_loop)
+    DBOS_FUNCS.update(steps_wf=steps_wf, small_wf=small_wf)
 
 
-def dbos_launch(args: argparse.Namespace, db_name: str) -> float:
-    """Configure and launch DBOS on a SQLite system database; returns the launch time in seconds."""
-    import logging
-
-    from dbos import DBOS
-
-    t = time.perf_counter()
-    DBOS(config={"name": "bench-durable-calls", "system_database_url": f"sqlite:///{os.path.join(args.dir, db_name)}",
-                 "application_version": APP_VERSION, "log_level": "WARNING", "console_log_level": "WARNING"})
-    DBOS.launch()
-    logging.getLogger("dbos").setLevel(logging.WARNING)
-    return time.perf_counter() - t
-
-
-def dbos_shutdown() -> None:
-    from dbos import DBOS
-
-    try:
-        DBOS.destroy(destroy_registry=True)
-    except Exception:
-        pass
+def dbos_start(args: argparse.Namespace, db_name: str, die_after_loop: bool = False) -> float:
+    dbos_register(die_after_loop)
+    return dbos_launch("bench-durable-calls", f"sqlite:///{os.path.join(args.dir, db_name)}", APP_VERSION)
 
 
 def dbos_overhead(args: argparse.Namespace) -> dict:
     from dbos import SetWorkflowID
 
-    dbos_register()
-    launch_s = dbos_launch(args, f"dbos-ovh-{args.round}.sqlite")
+    launch_s = dbos_start(args, f"dbos-ovh-{args.round}.sqlite")
     wf = DBOS_FUNCS["steps_wf"]
     with SetWorkflowID(f"warm-{args.round}"):
         wf(20)  # untimed warm-up
     EXECUTED["n"] = 0
-    n = args.n
-    cpu0 = resource.getrusage(resource.RUSAGE_SELF)
-    t0 = time.perf_counter()
-    with SetWorkflowID(f"ovh-{args.round}"):
-        out = wf(n)
-    t3 = time.perf_counter()
-    cpu1 = resource.getrusage(resource.RUSAGE_SELF)
-    user, system = cpu1.ru_utime - cpu0.ru_utime, cpu1.ru_stime - cpu0.ru_stime
-    assert out == n and EXECUTED["n"] == n, (out, EXECUTED)
-    dbos_shutdown()
-    return {"n": n, "total_s": t3 - t0, "loop_s": DBOS_FUNCS["loop_s"], "cpu_s": user + system, "user_s": user, "sys_s": system,
-            "plain_loop_us": plain_loop_us(n),
-            "executed": EXECUTED["n"], "launch_s": launch_s}
+    with Usage() as usage:
+        with SetWorkflowID(f"ovh-{args.round}"):
+            out = wf(args.n)
+    assert out == args.n and EXECUTED["n"] == args.n, (out, EXECUTED)
+    dbos_destroy()
+    return overhead_result(args.n, usage, DBOS_FUNCS["loop_s"], launch_s=launch_s)
 
 
 def dbos_resume_write(args: argparse.Namespace) -> None:
     from dbos import SetWorkflowID
 
-    dbos_register(die_after_loop=True)
-    dbos_launch(args, "dbos-big.sqlite")
+    dbos_start(args, "dbos-big.sqlite", die_after_loop=True)
     with SetWorkflowID(args.id):
         DBOS_FUNCS["steps_wf"](args.big)
     sys.exit("the DBOS writer was expected to kill itself")
 
 
-def dbos_resume(args: argparse.Namespace, import_s: float) -> dict:
+def dbos_resume(args: argparse.Namespace) -> dict:
     from dbos import DBOS
 
     t0 = time.perf_counter()
-    dbos_register()
-    launch_s = dbos_launch(args, "dbos-big.sqlite")  # launch recovers PENDING workflows (background thread)
+    launch_s = dbos_start(args, "dbos-big.sqlite")  # launch recovers PENDING workflows (background thread)
     t1 = time.perf_counter()
     out = DBOS.retrieve_workflow(args.id).get_result(polling_interval_sec=0.01)
     t3 = time.perf_counter()
     status = DBOS.get_workflow_status(args.id)
-    dbos_shutdown()
+    dbos_destroy()
     return {"total_s": t3 - t0, "open_s": t1 - t0, "launch_s": launch_s, "recover_to_done_s": t3 - t1,
             "replay_loop_s": DBOS_FUNCS.get("loop_s"), "re_executed": EXECUTED["n"], "completed": out == args.big,
             "result": out, "status": getattr(status, "status", None)}
@@ -513,30 +390,27 @@ def dbos_resume(args: argparse.Namespace, import_s: float) -> dict:
 def dbos_rerun_setup(args: argparse.Namespace) -> dict:
     from dbos import SetWorkflowID
 
-    dbos_register()
-    dbos_launch(args, "dbos-fin.sqlite")
+    dbos_start(args, "dbos-fin.sqlite")
     t = time.perf_counter()
     with SetWorkflowID(args.id):
         text = DBOS_FUNCS["small_wf"](RERUN_INPUT)
     out = {"first_run_s": time.perf_counter() - t, "executed": EXECUTED["n"], "text": text}
-    dbos_shutdown()
+    dbos_destroy()
     return out
 
 
 def dbos_rerun(args: argparse.Namespace) -> dict:
     from dbos import SetWorkflowID
 
-    dbos_register()
-    launch_s = dbos_launch(args, "dbos-fin.sqlite")
+    launch_s = dbos_start(args, "dbos-fin.sqlite")
     times, texts = [], set()
     for _ in range(args.reps):
         t = time.perf_counter()
         with SetWorkflowID(args.id):
             texts.add(DBOS_FUNCS["small_wf"](RERUN_INPUT))
         times.append(time.perf_counter() - t)
-    dbos_shutdown()
-    return {"first_s": times[0], "warm_median_s": statistics.median(times[1:]) if len(times) > 1 else None,
-            "reps": len(times), "launch_s": launch_s, "executed_total": EXECUTED["n"], "texts": sorted(texts)}
+    dbos_destroy()
+    return rerun_result(times, launch_s=launch_s, executed_total=EXECUTED["n"], texts=sorted(texts))
 
 
 # ================================================================================================
@@ -549,11 +423,8 @@ IMPLS = {
                             "rerun_setup": dbos_rerun_setup, "rerun": dbos_rerun}),
 }
 
-args_global: argparse.Namespace
-
 
 def main() -> None:
-    global args_global
     parser = argparse.ArgumentParser()
     parser.add_argument("--impl", required=True, choices=["floor", *IMPLS])
     parser.add_argument("--scenario", required=True)
@@ -566,41 +437,31 @@ def main() -> None:
     parser.add_argument("--id", default="big")
     parser.add_argument("--repo", default="")
     parser.add_argument("--profile", default="", help="write cProfile stats of the timed work to this file")
-    args = args_global = parser.parse_args()
+    args = parser.parse_args()
 
     if args.impl == "floor":
-        emit({"impl": "floor", "scenario": "floor", **floor(args)})
+        emit_result({"impl": "floor", "scenario": "floor", **describe(fsync_floor(args.dir, args.floor_n))})
         return
     imports, scenarios = IMPLS[args.impl]
-    info = imports()
+    info = imports(args)
     import_s = time.perf_counter() - T_PROCESS
     local_floor = None
     if args.scenario == "overhead":  # the disk's fsync latency right now, in this process
-        local_floor = floor(argparse.Namespace(dir=args.dir, floor_n=50))["median_us"]
-    fn = scenarios[args.scenario]
+        local_floor = describe(fsync_floor(args.dir, 50))["median_us"]
     profiler = None
     if args.profile:
         import cProfile
 
         profiler = cProfile.Profile()
         profiler.enable()
-    if args.scenario in ("resume",):
-        result = fn(args, import_s)
-    else:
-        result = fn(args)
+    result = scenarios[args.scenario](args) or {}
     if profiler is not None:
         profiler.disable()
-        import io
-        import pstats
-
         with open(args.profile, "w", encoding="utf-8") as out:
-            for key in ("tottime", "cumulative"):
-                buf = io.StringIO()
-                pstats.Stats(profiler, stream=buf).sort_stats(key).print_stats(30)
-                out.write(f"==== sorted by {key} ====\n{buf.getvalue()}\n")
+            out.write(profile_text(profiler, [("tottime", 30), ("cumulative", 30)]))
     if local_floor is not None:
         result["floor_here_us"] = local_floor
-    emit({"impl": args.impl, "scenario": args.scenario, "import_s": import_s, "info": info, **(result or {})})
+    emit_result({"impl": args.impl, "scenario": args.scenario, "import_s": import_s, "info": info, **result})
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # skip slow interpreter/library teardown (everything measured is already durable)

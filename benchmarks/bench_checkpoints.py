@@ -1,7 +1,7 @@
 """CheckpointLog on the real disk: delta storage, load by chain depth, fork cost at step k of 10,000.
 
     python benchmarks/bench_checkpoints.py            # full: a 10,000-step log (~5 min on a quiet 2 vCPU VM)
-    python benchmarks/bench_checkpoints.py --quick    # a 1,000-step log, every step committed (~1 min)
+    python benchmarks/bench_checkpoints.py --quick    # a smoke run: a 40-step log, few samples (seconds)
 
 Everything runs in this process, against ``LocalDirectoryStore`` in a fresh ``bench-ckpt-XXXX``
 next to the repo (the real disk, not tmpfs; ``--dir`` moves it), deleted afterwards (``--keep``).
@@ -14,14 +14,15 @@ next to the repo (the real disk, not tmpfs; ``--dir`` moves it), deleted afterwa
 2. **Load by chain depth.** ``log.load(id)`` at depth 1 and depth 16, each sample with a FRESH
    ``CheckpointLog`` (its in-memory cache cannot help; the OS page cache is warm), and with a warm
    log (same object, id already loaded). On the 50-step log and near the end of the big log.
-3. **Fork at step k of an N-step log** (N = 10,000; 1,000 with ``--quick``; prompts
+3. **Fork at step k of an N-step log** (N = 10,000, ``--steps``; 40 with ``--quick``; prompts
    ``"prompt {i}"``, so the last checkpoint is ~20 MB, mostly fake KV). The log is built once
    (``run_until_step(i)`` + ``commit(ckpt, parent=id of step i-1, step=i)``) and reused by every
    sample. ``--log every`` commits every step (the default up to 2,000 steps; 10,000 steps take
    1-2.5 h here, as each commit is O(run size)); ``--log chains`` (the default above 2,000) runs
    the same agent through every step but commits only the chains the measurements read, steps
    0-16 and the last three chains (9,962-9,999), each segment starting at a step where the
-   every-step log holds a full checkpoint, so those objects are byte for byte the same. ``log.fork(id_at_step_k, agent.prompt_node_ids[k], "new prompt")`` is timed with a fresh
+   every-step log holds a full checkpoint, so those objects are byte for byte the same.
+   ``log.fork(id_at_step_k, agent.prompt_node_ids[k], "new prompt")`` is timed with a fresh
    log per sample at k = 10 and k = N-10; the fork's object and record are deleted after each
    sample (untimed), so every sample does the same real write. Separately: fork, then
    ``DurableAgent().resume_from(log.load(forked))`` for the remaining steps (that is resume, not fork).
@@ -40,30 +41,43 @@ from __future__ import annotations
 import argparse
 import cProfile
 import datetime as _dt
-import io
 import json
 import os
-import pstats
 import shutil
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from _common import (REPO, RESULTS, announce_workdir, install_fsync_counter, machine_notes, make_workdir, md_table,
-                     write_json)
+from _common import (
+    REPO,
+    describe,
+    fmt_load,
+    install_fsync_counter,
+    loadavg,
+    machine_notes,
+    md_table,
+    parse_args,
+    profile_rows,
+    profile_text,
+    save_results,
+    say,
+    say_verdict,
+    time_each,
+    workdir,
+)
+from _common import fmt_bytes as fmt_b
+from _common import fmt_time as fmt_t
 
 PEERS_DOC = "shared/recipes/peers/durable-peers.md"
-
-# fsync accounting: os.fsync/os.fdatasync wrapped before caravanserai is imported
-FSYNC = install_fsync_counter()
+FSYNC = install_fsync_counter()  # os.fsync/os.fdatasync counted and timed, before caravanserai is imported
 
 sys.path.insert(0, str(REPO))
 import caravanserai  # noqa: E402
-from caravanserai.checkpoints import CheckpointLog, LocalDirectoryStore  # noqa: E402
-from caravanserai.durable_agent import DurableAgent  # noqa: E402
+from caravanserai.checkpoints import CheckpointLog, DurableAgent, LocalDirectoryStore  # noqa: E402
 
 RUN_SMALL, RUN_FULL, RUN_BIG = "small-deltas", "small-full", "big"
 MAX_CHAIN = 16
@@ -100,26 +114,7 @@ def keep_sampling(done: int, n: int, spent: float, budget: float, at_least: int)
 
 # ---- small helpers ---------------------------------------------------------------------------
 def summary(samples: list[float]) -> dict:
-    ordered = sorted(samples)
-    return {"n": len(ordered), "median": statistics.median(ordered), "min": ordered[0], "max": ordered[-1],
-            "p90": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))], "samples": samples}
-
-
-def fmt_t(seconds: float | None) -> str:
-    if seconds is None:
-        return "n/a"
-    if seconds >= 1:
-        return f"{seconds:.2f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds * 1e6:.0f} us"
-
-
-def fmt_b(n: float) -> str:
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
+    return describe(samples, scale=1, unit="") | {"samples": samples}
 
 
 def git_notes() -> dict:
@@ -147,24 +142,12 @@ def tree_bytes(root: Path) -> dict:
     return {"apparent": apparent, "allocated": allocated, "files": files}
 
 
-class FsyncDelta:
-    def __enter__(self) -> "FsyncDelta":
-        self.calls, self.seconds = FSYNC["calls"], FSYNC["seconds"]
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.calls = FSYNC["calls"] - self.calls
-        self.seconds = FSYNC["seconds"] - self.seconds
-
-
 def fork_files(store: LocalDirectoryStore, run_id: str, cid: str) -> list[Path]:
-    """The files a checkpoint's commit wrote: its record and its object(s). Objects are matched by
-    id prefix in the log's objects/ folder, since their key may carry the stored form (a delta's
-    base) after the id."""
-    log = CheckpointLog(store, run_id)
-    record = store.root / log._record_key(cid)
-    objects = (store.root / log._record_key(cid)).parent.parent / "objects"
-    return [p for p in [record, *objects.glob(f"{cid}*")] if p.is_file()]
+    """The files a checkpoint's commit wrote: its record (``checkpoints/<run>/records/<id>.json``) and
+    its object(s) (``checkpoints/<run>/objects/<id>...``: the key may carry the stored form, a delta's
+    base, after the id)."""
+    base = store.root / "checkpoints" / run_id
+    return [p for p in [base / "records" / f"{cid}.json", *(base / "objects").glob(f"{cid}*")] if p.is_file()]
 
 
 def drop_fork(store: LocalDirectoryStore, run_id: str, cid: str, known: set[str], since_ns: int | None = None) -> None:
@@ -187,11 +170,7 @@ def drop_fork(store: LocalDirectoryStore, run_id: str, cid: str, known: set[str]
 
 def store_write_floor(store: LocalDirectoryStore, samples: int) -> dict:
     """One ``put_if_absent`` of 100 B (tmp write + fsync + link + dir fsync): a fork makes two."""
-    times = []
-    for i in range(samples):
-        t0 = time.perf_counter()
-        store.put_if_absent(f"floor/obj-{i}", b"x" * 100)
-        times.append(time.perf_counter() - t0)
+    times = time_each(samples, lambda i: store.put_if_absent(f"floor/obj-{i}", b"x" * 100))
     for i in range(samples):
         store.delete(f"floor/obj-{i}")
     return summary(times)
@@ -246,11 +225,7 @@ def time_loads(store: LocalDirectoryStore, run_id: str, cid: str, fresh_n: int, 
         cpu.append(time.process_time() - c0)
     log = CheckpointLog(store, run_id)
     blob = log.load(cid)
-    warm = []
-    for _ in range(warm_n):
-        t0 = time.perf_counter()
-        log.load(cid)
-        warm.append(time.perf_counter() - t0)
+    warm = time_each(warm_n, lambda _: log.load(cid))
     rec = log.record(cid)
     return {"id": cid, "step": rec.step, "depth": rec.depth, "checkpoint_bytes": len(blob),
             "fresh": summary(fresh), "fresh_cpu": summary(cpu), "warm": summary(warm)}
@@ -294,9 +269,8 @@ def build_big_log(root: Path, steps: int, mode: str) -> dict:
             slope = (len(blob) - first) / max(1, i)
             rest = sum(first + slope * j for j in wanted[n + 1:])
             eta = elapsed * rest / logical
-            print(f"   committed {n + 1:,}/{len(wanted):,} checkpoints (step {i:,}) in {elapsed:.0f} s "
-                  f"(checkpoint {len(blob):,} B){'' if n + 1 == len(wanted) else f', ~{eta:.0f} s to go (rough)'}",
-                  flush=True)
+            say(f"   committed {n + 1:,}/{len(wanted):,} checkpoints (step {i:,}) in {elapsed:.0f} s "
+                f"(checkpoint {len(blob):,} B){'' if n + 1 == len(wanted) else f', ~{eta:.0f} s to go (rough)'}")
     agent.run_until_step(steps - 1)
     for i, cid in ids.items():   # same structure as the every-step log: depth = step mod (max_chain + 1)
         depth = log.record(cid).depth
@@ -321,10 +295,10 @@ def open_big_log(log_dir: Path, steps: int, mode: str) -> tuple[dict, bool]:
             for key in stray:   # forks left by an interrupted earlier run
                 for path in fork_files(store, RUN_BIG, key.rsplit("/", 1)[1].removesuffix(".json")):
                     os.unlink(path)
-            print(f"   reusing the {steps:,}-step log in {log_dir} (built {info.get('built_utc')}; "
-                  f"{len(stray)} stray forks removed)", flush=True)
+            say(f"   reusing the {steps:,}-step log in {log_dir} (built {info.get('built_utc')}; "
+                f"{len(stray)} stray forks removed)")
             return info, True
-        print(f"   {log_dir} holds a different log: rebuilding it", flush=True)
+        say(f"   {log_dir} holds a different log: rebuilding it")
         shutil.rmtree(log_dir / "checkpoints", ignore_errors=True)
     log_dir.mkdir(parents=True, exist_ok=True)
     info = build_big_log(log_dir, steps, mode)
@@ -342,7 +316,7 @@ def fork_samples(store: LocalDirectoryStore, k: int, src: str, node: str, known:
     while keep_sampling(len(times), n, time.perf_counter() - t_start, budget, 3):
         log = CheckpointLog(store, RUN_BIG)
         since = time.time_ns() - 1_000_000_000   # file timestamps use a coarse clock
-        with FsyncDelta() as fs:
+        with FSYNC.delta() as fs:
             c0 = time.process_time()
             t0 = time.perf_counter()
             cid = log.fork(src, node, FORK_VALUE)
@@ -350,8 +324,8 @@ def fork_samples(store: LocalDirectoryStore, k: int, src: str, node: str, known:
             cpu.append(time.process_time() - c0)
         rec = log.record(cid)
         times.append(elapsed)
-        fsync_n.append(fs.calls)
-        fsync_s.append(fs.seconds)
+        fsync_n.append(fs["calls"])
+        fsync_s.append(fs["seconds"])
         fresh_ids.add(cid)
         stored.append({"kind": rec.kind, "depth": rec.depth, "stored_bytes": rec.stored_bytes,
                        "checkpoint_bytes": rec.checkpoint_bytes})
@@ -401,12 +375,12 @@ def resume_samples(store: LocalDirectoryStore, k: int, src: str, node: str, know
 
 # ---- profiling -------------------------------------------------------------------------------
 KEY_FUNCS = [  # (file suffix, function) shown in the "where the time goes" breakdown
-    ("checkpoints.py", "fork"), ("checkpoints.py", "load"), ("checkpoints.py", "_load_data"),
-    ("checkpoints.py", "record"), ("checkpoints.py", "commit"), ("checkpoints.py", "make_delta"),
-    ("checkpoints.py", "apply_delta"), ("checkpoints.py", "_remember"),
-    ("durable_agent.py", "fork"), ("durable_agent.py", "_downstream"), ("durable_agent.py", "_decode"),
-    ("ckpt_format.py", "encode"), ("ckpt_format.py", "decode"), ("ckpt_format.py", "checkpoint_id"),
-    ("files.py", "write_file_atomic"), ("local.py", "get"), ("local.py", "exists"),
+    ("checkpoints/log.py", "fork"), ("checkpoints/log.py", "load"), ("checkpoints/log.py", "_load_data"),
+    ("checkpoints/log.py", "record"), ("checkpoints/log.py", "commit"), ("checkpoints/log.py", "make_delta"),
+    ("checkpoints/log.py", "apply_delta"), ("checkpoints/log.py", "_remember"),
+    ("checkpoints/agent.py", "fork"), ("checkpoints/agent.py", "_downstream"), ("checkpoints/agent.py", "_decode"),
+    ("checkpoints/format.py", "encode"), ("checkpoints/format.py", "decode"), ("checkpoints/format.py", "checkpoint_id"),
+    ("local/files.py", "write_file_atomic"), ("local/objects.py", "get"), ("local/objects.py", "exists"),
     ("encoder.py", "iterencode"), ("decoder.py", "raw_decode"),
     ("~", "<built-in method _hashlib.openssl_sha256>"), ("_common.py", "wrapper"),  # the fsync counter
 ]
@@ -427,12 +401,7 @@ def profile_call(label: str, fn: Callable[[], Any], out_dir: Path, repeat: int =
         wall += time.perf_counter() - t0
         if after is not None:
             after(value)
-    wall /= repeat
-    stats = pstats.Stats(prof)
-    rows = []
-    for (filename, _line, func), (_cc, ncalls, tottime, cumtime, _callers) in stats.stats.items():
-        rows.append({"file": filename, "func": func, "calls": ncalls / repeat, "own_ms": tottime * 1e3 / repeat,
-                     "cum_ms": cumtime * 1e3 / repeat})
+    rows = [r | {"own_ms": r["own_s"] * 1e3, "cum_ms": r["cum_s"] * 1e3} for r in profile_rows(prof, per=repeat)]
     key = []
     for suffix, func in KEY_FUNCS:
         hits = [r for r in rows if r["func"] == func and r["file"].endswith(suffix)]
@@ -441,100 +410,86 @@ def profile_call(label: str, fn: Callable[[], Any], out_dir: Path, repeat: int =
             key.append({"name": name, "calls": sum(h["calls"] for h in hits),
                         "cum_ms": sum(h["cum_ms"] for h in hits), "own_ms": sum(h["own_ms"] for h in hits)})
     top_own = sorted(rows, key=lambda r: r["own_ms"], reverse=True)[:12]
-    text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(40)
-    safe = "".join(c if c.isalnum() else "_" for c in label).strip("_")
-    (out_dir / f"checkpoints_profile_{safe}.txt").write_text(text.getvalue())
     for r in top_own:
         r["where"] = f"{Path(r['file']).name}:{r['func']}" if r["file"] != "~" else r["func"]
-    return {"label": label, "repeat": repeat, "wall_ms_profiled": wall * 1e3, "key": key, "top_own": top_own,
-            "file": str(out_dir / f"checkpoints_profile_{safe}.txt")}
+    path = out_dir / f"checkpoints_profile_{''.join(c if c.isalnum() else '_' for c in label).strip('_')}.txt"
+    path.write_text(profile_text(prof, [("cumulative", 40)]))
+    return {"label": label, "repeat": repeat, "wall_ms_profiled": wall * 1e3 / repeat, "key": key, "top_own": top_own,
+            "file": str(path)}
 
 
 def print_profile(p: dict, unprofiled_ms: float | None) -> None:
     extra = f" (unprofiled median {unprofiled_ms:.2f} ms)" if unprofiled_ms is not None else ""
-    print(f"\n-- cProfile: {p['label']}: {p['wall_ms_profiled']:.2f} ms per call under the profiler "
-          f"(mean of {p['repeat']}){extra}")
-    print(f"   {'function (per call of the operation)':<48} {'calls':>7} {'cumulative':>12} {'own':>11}")
+    say(f"\n-- cProfile: {p['label']}: {p['wall_ms_profiled']:.2f} ms per call under the profiler "
+        f"(mean of {p['repeat']}){extra}")
+    say(f"   {'function (per call of the operation)':<48} {'calls':>7} {'cumulative':>12} {'own':>11}")
     for r in p["key"]:
-        print(f"   {r['name']:<48} {r['calls']:>7g} {r['cum_ms']:>9.2f} ms {r['own_ms']:>8.2f} ms")
-    print("   top own time:")
+        say(f"   {r['name']:<48} {r['calls']:>7g} {r['cum_ms']:>9.2f} ms {r['own_ms']:>8.2f} ms")
+    say("   top own time:")
     for r in p["top_own"][:8]:
-        print(f"   {r['where'][:48]:<48} {r['calls']:>7g} {r['cum_ms']:>9.2f} ms {r['own_ms']:>8.2f} ms")
+        say(f"   {r['where'][:48]:<48} {r['calls']:>7g} {r['cum_ms']:>9.2f} ms {r['own_ms']:>8.2f} ms")
 
 
 # ---- main ------------------------------------------------------------------------------------
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="a 1,000-step log and fewer samples")
-    ap.add_argument("--steps", type=int, help="steps of the big log (default 10,000; 1,000 with --quick)")
+    ap.add_argument("--steps", type=int, default=10_000, help="steps of the big log (default 10,000; at least 40)")
     ap.add_argument("--small-steps", type=int, default=50, help="steps of the storage/load run (default 50)")
-    ap.add_argument("--load-samples", type=int, help="fresh-log loads per depth on the small log (default 200)")
-    ap.add_argument("--big-load-samples", type=int, help="loads per depth on the big log (default 7; 5 quick)")
-    ap.add_argument("--fork-samples", type=int, help="fork samples per position (default 7; 5 quick)")
-    ap.add_argument("--resume-samples", type=int, help="fork+resume samples per position (default 3; 2 quick)")
+    ap.add_argument("--load-samples", type=int, default=200, help="fresh-log loads per depth on the small log (default 200)")
+    ap.add_argument("--big-load-samples", type=int, default=7, help="loads per depth on the big log (default 7)")
+    ap.add_argument("--fork-samples", type=int, default=7, help="fork samples per position (default 7)")
+    ap.add_argument("--resume-samples", type=int, default=3, help="fork+resume samples per position (default 3)")
     ap.add_argument("--log", choices=("every", "chains"),
-                    help="big log: a checkpoint for EVERY step (default with --quick), or only the CHAINS the "
+                    help="big log: a checkpoint for EVERY step (default up to 2,000 steps), or only the CHAINS the "
                          "measurements read (default for 10,000 steps; every step takes 1-2.5 h here)")
     ap.add_argument("--budget", type=float, default=60.0,
                     help="seconds per fork/resume measurement after its minimum samples (3 fresh forks, 1 warm, 1 resume); "
                          "the fork at step 10 of 10,000 takes about a minute a sample")
-    ap.add_argument("--dir", help="parent folder of the work dir (default: next to the repo, on the real disk)")
     ap.add_argument("--log-dir", help="keep the big log here and reuse it on the next run with the same --steps")
-    ap.add_argument("--keep", action="store_true", help="leave the work dir in place")
     ap.add_argument("--no-profile", action="store_true", help="no cProfile runs, even on a MISS")
-    ap.add_argument("--out", default=str(RESULTS / "checkpoints.json"))
-    args = ap.parse_args()
-
-    steps = args.steps or (1_000 if args.quick else 10_000)
-    load_n = args.load_samples or (100 if args.quick else 200)
-    big_load_n = args.big_load_samples or (5 if args.quick else 7)
-    fork_n = args.fork_samples or (5 if args.quick else 7)
-    resume_n = args.resume_samples or (2 if args.quick else 3)
+    args = parse_args(ap, "checkpoints", quick={"steps": 40, "small_steps": 20, "load_samples": 5, "big_load_samples": 2,
+                                                "fork_samples": 2, "resume_samples": 1, "budget": 2.0})
+    steps, load_n, big_load_n = args.steps, args.load_samples, args.big_load_samples
+    fork_n, resume_n, out = args.fork_samples, args.resume_samples, args.out
     if steps < 40:
         ap.error("--steps must be at least 40")
     ks = (10, steps - 10)
     mode = args.log or ("every" if steps <= 2_000 else "chains")
 
-    work = make_workdir("bench-ckpt-", args.dir)
-    load_start = os.getloadavg()
-    notes = machine_notes() | git_notes()
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    print(f"caravanserai {notes['caravanserai']} ({notes['caravanserai_file']}), git {notes['git_head']}"
-          f"{' + local changes in caravanserai/' if notes['package_modified_vs_head'] else ''}")
-    print(f"Python {notes['python']}, {notes['cpu_count']} CPUs ({notes['cpu_model']}), {notes['platform']}")
-    mount = announce_workdir(work)
-    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} (other jobs share these CPUs: "
-          "compare the CPU-time columns when it is high)")
-    print(f"big log: {steps:,} steps; forks at steps {ks[0]:,} and {ks[1]:,}; small run: {args.small_steps} steps\n", flush=True)
-
-    result: dict[str, Any] = {"machine": notes, "mount": mount, "work_dir": str(work),
-                              "params": {"steps": steps, "small_steps": args.small_steps, "max_chain": MAX_CHAIN,
-                                         "load_samples": load_n, "big_load_samples": big_load_n,
-                                         "fork_samples": fork_n, "resume_samples": resume_n, "fork_value": FORK_VALUE,
-                                         "budget_s": args.budget, "log_mode": mode, "small_prompt0": prompts(1)[0],
-                                         "big_prompt0": short_prompts(1)[0],
-                                         "quick": args.quick, "target_ms": TARGET_MS, "same_ratio": SAME_RATIO}}
-    try:
+    with workdir("bench-ckpt-", args) as (work, mount):
+        notes = machine_notes() | git_notes()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        say(f"caravanserai {notes['caravanserai']} ({notes['caravanserai_file']}), git {notes['git_head']}"
+            f"{' + local changes in caravanserai/' if notes['package_modified_vs_head'] else ''}")
+        say(f"Python {notes['python']}, {notes['cpu_count']} CPUs ({notes['cpu_model']}), {notes['platform']}")
+        say(f"load average at start: {fmt_load(notes['loadavg_start'])} (other jobs share these CPUs: "
+            "compare the CPU-time columns when it is high)")
+        say(f"big log: {steps:,} steps; forks at steps {ks[0]:,} and {ks[1]:,}; small run: {args.small_steps} steps\n")
+        result: dict[str, Any] = {"machine": notes, "mount": mount, "work_dir": str(work),
+                                  "params": {"steps": steps, "small_steps": args.small_steps, "max_chain": MAX_CHAIN,
+                                             "load_samples": load_n, "big_load_samples": big_load_n,
+                                             "fork_samples": fork_n, "resume_samples": resume_n, "fork_value": FORK_VALUE,
+                                             "budget_s": args.budget, "log_mode": mode, "small_prompt0": prompts(1)[0],
+                                             "big_prompt0": short_prompts(1)[0],
+                                             "quick": args.quick, "target_ms": TARGET_MS, "same_ratio": SAME_RATIO}}
         floor_store = LocalDirectoryStore(work / "floor")
         result["store_write_floor"] = store_write_floor(floor_store, 30)
-        print(f"store write floor: put_if_absent(100 B) median {fmt_t(result['store_write_floor']['median'])} "
-              f"(a fork makes 2: object + record)", flush=True)
+        say(f"store write floor: put_if_absent(100 B) median {fmt_t(result['store_write_floor']['median'])} "
+            f"(a fork makes 2: object + record)")
 
         # 1 + 2 on the small run
-        print(f"1. storage: {args.small_steps}-step run ...", flush=True)
+        say(f"1. storage: {args.small_steps}-step run ...")
         small = bench_storage(work / "small", args.small_steps)
         store_small = small.pop("store")
         small.pop("blobs")
         result["storage"] = small
         by_depth = {d: small["ids"][small["depths"].index(d)] for d in (1, MAX_CHAIN) if d in small["depths"]}
-        print(f"2. load at depth 1 / {MAX_CHAIN} on the {args.small_steps}-step log ({load_n} fresh + {load_n} warm each) ...", flush=True)
+        say(f"2. load at depth 1 / {MAX_CHAIN} on the {args.small_steps}-step log ({load_n} fresh + {load_n} warm each) ...")
         result["load_small"] = {str(d): time_loads(store_small, RUN_SMALL, cid, load_n, load_n) for d, cid in by_depth.items()}
 
         # 3: the big log
-        print(f"3. the {steps:,}-step log, " + ("a checkpoint committed for every step ..." if mode == "every" else
-              f"checkpoints committed for steps {chain_summary(steps)} (--log chains) ..."), flush=True)
+        say(f"3. the {steps:,}-step log, " + ("a checkpoint committed for every step ..." if mode == "every" else
+            f"checkpoints committed for steps {chain_summary(steps)} (--log chains) ..."))
         if args.log_dir:
             log_root = Path(args.log_dir).expanduser().resolve()
             big, reused = open_big_log(log_root, steps, mode)
@@ -547,27 +502,28 @@ def main() -> int:
         result["big_log"] = {k: v for k, v in big.items() if k not in ("ids", "outputs")}
         result["big_log"].update({"reused": reused, "root": str(log_root)})
         if not reused:
-            print(f"   built in {big['build_s']:.1f} s ({big['committed']:,} commits; run_until_step {big['run_until_step_s']:.1f} s, "
-                  f"commit {big['commit_s']:.1f} s); {fmt_b(result['big_log']['disk']['apparent'])} on disk "
-                  f"for {fmt_b(big['sum_full_checkpoints'])} of full checkpoints", flush=True)
+            say(f"   built in {big['build_s']:.1f} s ({big['committed']:,} commits; "
+                f"run_until_step {big['run_until_step_s']:.1f} s, "
+                f"commit {big['commit_s']:.1f} s); {fmt_b(result['big_log']['disk']['apparent'])} on disk "
+                f"for {fmt_b(big['sum_full_checkpoints'])} of full checkpoints")
         probe = CheckpointLog(store_big, RUN_BIG)
         tail = {}
         for step in sorted(ids, reverse=True):
             depth = probe.record(ids[step]).depth
             if depth in (1, MAX_CHAIN) and depth not in tail:
                 tail[depth] = ids[step]
-        print(f"   load at depth 1 / {MAX_CHAIN} near step {steps:,} ({big_load_n} fresh + {big_load_n} warm each) ...", flush=True)
+        say(f"   load at depth 1 / {MAX_CHAIN} near step {steps:,} ({big_load_n} fresh + {big_load_n} warm each) ...")
         result["load_big"] = {str(d): time_loads(store_big, RUN_BIG, tail[d], big_load_n, big_load_n) for d in sorted(tail)}
 
         agent = DurableAgent().begin(short_prompts(steps))   # only for prompt_node_ids, as a caller would
         result["fork"], result["resume"] = {}, {}
         for k in ks:
-            print(f"   fork at step {k:,} (up to {fork_n} fresh-log + {min(fork_n, 3)} warm-log samples, "
-                  f"~{args.budget:.0f} s budget) ...", flush=True)
+            say(f"   fork at step {k:,} (up to {fork_n} fresh-log + {min(fork_n, 3)} warm-log samples, "
+                f"~{args.budget:.0f} s budget) ...")
             result["fork"][str(k)] = fork_samples(store_big, k, ids[k], agent.prompt_node_ids[k], known, fork_n, args.budget)
         for k in ks:
-            print(f"   fork at step {k:,} + resume_from(load(forked)) for steps {k:,}..{steps - 1:,} "
-                  f"(up to {resume_n} samples) ...", flush=True)
+            say(f"   fork at step {k:,} + resume_from(load(forked)) for steps {k:,}..{steps - 1:,} "
+                f"(up to {resume_n} samples) ...")
             result["resume"][str(k)] = resume_samples(store_big, k, ids[k], agent.prompt_node_ids[k], known, resume_n,
                                                       steps, big["outputs"], args.budget)
 
@@ -576,14 +532,17 @@ def main() -> int:
         same = max(f_lo, f_hi) / min(f_lo, f_hi)
         verdicts = []
         ok_fork = f_lo * 1e3 <= TARGET_MS and f_hi * 1e3 <= TARGET_MS and same <= SAME_RATIO
-        verdicts.append({"name": f"fork at step {ks[0]:,} and at step {ks[1]:,} of {steps:,}: the same (<= {SAME_RATIO}x apart) and <= {TARGET_MS:g} ms (fresh log)",
+        verdicts.append({"name": f"fork at step {ks[0]:,} and at step {ks[1]:,} of {steps:,}: "
+                                 f"the same (<= {SAME_RATIO}x apart) and <= {TARGET_MS:g} ms (fresh log)",
                          "pass": ok_fork,
                          "detail": f"medians {fmt_t(f_lo)} and {fmt_t(f_hi)} ({same:.1f}x apart)"})
         for name, group in (("load_small", f"{args.small_steps}-step log"), ("load_big", f"{steps:,}-step log, near the end")):
             for d, row in result[name].items():
                 med = row["fresh"]["median"]
-                verdicts.append({"name": f"load at depth {d} ({group}, fresh log) <= {TARGET_MS:g} ms", "pass": med * 1e3 <= TARGET_MS,
-                                 "detail": f"median {fmt_t(med)} over {row['fresh']['n']}; warm log {fmt_t(row['warm']['median'])}; "
+                verdicts.append({"name": f"load at depth {d} ({group}, fresh log) <= {TARGET_MS:g} ms",
+                                 "pass": med * 1e3 <= TARGET_MS,
+                                 "detail": f"median {fmt_t(med)} over {row['fresh']['n']}; "
+                                           f"warm log {fmt_t(row['warm']['median'])}; "
                                            f"checkpoint {row['checkpoint_bytes']:,} B"})
         result["verdicts"] = verdicts
 
@@ -596,15 +555,16 @@ def main() -> int:
                 if row and row["fresh"]["median"] * 1e3 > TARGET_MS:
                     st = store_small if group == RUN_SMALL else store_big
                     label = f"load depth {MAX_CHAIN} {'small' if group == RUN_SMALL else 'big'} log"
-                    p = profile_call(label, lambda st=st, group=group, cid=row["id"]: CheckpointLog(st, group).load(cid), prof_dir,
-                                     repeat=20 if group == RUN_SMALL else 3)
+                    p = profile_call(label, lambda st=st, group=group, cid=row["id"]: CheckpointLog(st, group).load(cid),
+                                     prof_dir, repeat=20 if group == RUN_SMALL else 3)
                     p["unprofiled_ms"] = row["fresh"]["median"] * 1e3
                     profiles.append(p)
             if not ok_fork:
                 for k in ks:
                     slow = result["fork"][str(k)]["fresh"]["median"] > 5.0
                     p = profile_call(f"fork at step {k}",
-                                     lambda k=k: CheckpointLog(store_big, RUN_BIG).fork(ids[k], agent.prompt_node_ids[k], FORK_VALUE),
+                                     lambda k=k: CheckpointLog(store_big, RUN_BIG).fork(ids[k], agent.prompt_node_ids[k],
+                                                                                       FORK_VALUE),
                                      prof_dir, repeat=1 if slow else 3,
                                      after=lambda cid: drop_fork(store_big, RUN_BIG, cid, known, time.time_ns() - 60_000_000_000))
                     p["unprofiled_ms"] = result["fork"][str(k)]["fresh"]["median"] * 1e3
@@ -612,22 +572,17 @@ def main() -> int:
         result["profiles"] = profiles
 
         report(result, steps, ks, args.small_steps)
-    finally:
-        if args.keep:
-            print(f"\nwork dir kept: {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
-    result["loadavg_start"], result["loadavg_end"] = load_start, os.getloadavg()
-    print(f"load average at the end: {' '.join(f'{x:.2f}' for x in result['loadavg_end'])}")
-    write_json(out, result, indent=1, default=str)
-    print(f"\nraw numbers: {out}")
+    result["loadavg_end"] = loadavg()
+    say(f"load average at the end: {fmt_load(result['loadavg_end'])}")
+    save_results(out, result)
     return 0
 
 
 def report(r: dict, steps: int, ks: tuple[int, int], small_steps: int) -> None:
     s = r["storage"]
     rows: list[tuple[str, str, str]] = []
-    rows.append((f"1. {small_steps} full checkpoints of a {small_steps}-step run (sum of bytes)", fmt_b(s["sum_full_checkpoints"]), ""))
+    rows.append((f"1. {small_steps} full checkpoints of a {small_steps}-step run (sum of bytes)",
+                 fmt_b(s["sum_full_checkpoints"]), ""))
     rows.append(("   log with parents: stored objects (sum of stored_bytes)", fmt_b(s["delta_log_objects"]),
                  "LG default: 510x the logical bytes; DeltaChannel: 9.3x"))
     rows.append(("   ratio full / log with parents (objects)", f"{s['ratio_objects']:.1f}x", ""))
@@ -670,21 +625,22 @@ def report(r: dict, steps: int, ks: tuple[int, int], small_steps: int) -> None:
                else "DBOS: copies the earlier rows, then replays them")
         rows.append((f"   fork at {k:,} + load + resume_from: {rs['steps_computed']:,} steps run (n={rs['total_s']['n']})",
                      fmt_t(rs["total_s"]["median"]), ctx))
-        rows.append(("     fork / load(forked) / resume_from", f"{fmt_t(rs['fork_s']['median'])} / {fmt_t(rs['load_s']['median'])} / "
-                     f"{fmt_t(rs['resume_s']['median'])}", "" if rs["checks_ok"] else "CHECK FAILED (see JSON)"))
+        rows.append(("     fork / load(forked) / resume_from",
+                     f"{fmt_t(rs['fork_s']['median'])} / {fmt_t(rs['load_s']['median'])} / {fmt_t(rs['resume_s']['median'])}",
+                     "" if rs["checks_ok"] else "CHECK FAILED (see JSON)"))
     rows.append(("store write floor: put_if_absent(100 B), fsync'd", fmt_t(r["store_write_floor"]["median"]), ""))
     if "disk" in b:
         rows.append((f"build of the {steps:,}-step log: {b['committed']:,} x (run_until_step + commit)"
                      f"{' (earlier run)' if b['reused'] else ''}",
                      f"{b['build_s']:.1f} s", ""))
 
-    print()
-    print("\n".join(md_table(("metric", "ours", "peers (durable-peers.md, quoted, not re-measured)"), rows,
+    say()
+    say("\n".join(md_table(("metric", "ours", "peers (durable-peers.md, quoted, not re-measured)"), rows,
                              align="lrl", min_widths=(0, 8, 0))))
-    print(f"\nFresh log = a new CheckpointLog object per sample (the OS page cache stays warm); medians. Peers: {PEERS_DOC}"
-          " (same VM type, their runs, not re-measured here).\n")
+    say(f"\nFresh log = a new CheckpointLog object per sample (the OS page cache stays warm); medians. Peers: {PEERS_DOC}"
+        " (same VM type, their runs, not re-measured here).\n")
     for v in r["verdicts"]:
-        print(f"{'PASS' if v['pass'] else 'MISS'}  {v['name']}\n      {v['detail']}")
+        say_verdict(v["pass"], v["name"], v["detail"])
     for p in r["profiles"]:
         print_profile(p, p.get("unprofiled_ms"))
 

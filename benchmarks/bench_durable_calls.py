@@ -1,6 +1,6 @@
 """Journaled calls, side by side: ours against LangGraph (functional API) and DBOS, on the real disk.
 
-    python benchmarks/bench_durable_calls.py [--dir PATH] [--quick] [--keep] [--profile]
+    python benchmarks/bench_durable_calls.py [--dir PATH] [--quick] [--keep] [--profile] [--out FILE]
 
 Peers (created once, cached, gitignored): ``benchmarks/.venv-peers`` with pinned
 ``langgraph``, ``langgraph-checkpoint-sqlite`` and ``dbos``. Implementations:
@@ -31,27 +31,35 @@ from __future__ import annotations
 import argparse
 import shutil
 import sqlite3
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from _common import (HERE, REPO, VENV_PEERS, announce_workdir, ensure_venv, loadavg, machine_notes, make_workdir,
-                     md_table, pip_install, probe_json, run_code, run_result_worker, say, venv_python,
-                     versions_code, worker_env, write_json)
+from _common import (
+    HERE,
+    PEER_PINS,
+    REPO,
+    VENV_PEERS,
+    loadavg,
+    machine_notes,
+    md_table,
+    parse_args,
+    peer_python,
+    run_result_worker,
+    save_results,
+    say,
+    say_verdict,
+    versions_of,
+    workdir,
+    worker_command,
+)
+from _common import fmt_time as fmt_s
 from _common import median_of as med
 
 WORKER = HERE / "_durable_calls_worker.py"
-RESULTS = HERE / "results" / "durable_calls.json"
-PROFILES = HERE / "results"
-
-# The versions measured in shared/recipes/peers/durable-peers.md; pinned so runs compare.
-PEER_PINS = {"langgraph": "1.2.24", "langgraph-checkpoint": "4.3.2", "langgraph-checkpoint-sqlite": "3.1.2",
-             "dbos": "3.4.0"}
 PEER_REPORT = [*PEER_PINS, "langchain-core", "ormsgpack", "SQLAlchemy"]
 PEERS = ("langgraph", "dbos")
 LABEL = {"ours": "ours", "langgraph": "LangGraph @task", "dbos": "DBOS @step"}
-PEER_IMPORT = {"langgraph": "import langgraph.func, langgraph.checkpoint.sqlite", "dbos": "import dbos"}
 
 TARGET_RESUME_S = 0.100  # resume a killed 10k-call run, 0 calls re-executed
 TARGET_RERUN_S = 0.001  # re-run a finished run id, 0 model calls
@@ -59,86 +67,23 @@ DOC_CPU_US = 50.0  # durable-peers.md §2.4 target 1: library CPU per call
 DOC_OVER_FLOOR_US = 100.0  # durable-peers.md §2.4 target 1: per-call fsync floor + 100 us
 
 
-# ---- environment ------------------------------------------------------------------------------
-def peer_versions(python: Path) -> dict:
-    if not python.exists():
-        return {}
-    code = ("import importlib.metadata as m, json, sys\nout = {}\n" + versions_code(PEER_REPORT)
-            + "import sqlite3; out['sqlite (library)'] = sqlite3.sqlite_version\n"
-            "out['python'] = sys.version.split()[0]\nprint(json.dumps(out))")
-    return probe_json(python, code)
-
-
-def ensure_peers(skip: bool) -> tuple[Path | None, dict, dict]:
-    """(peers' python or None, versions, {peer: why it cannot run})."""
-    if skip:
-        return None, {}, {p: "skipped (--no-peers)" for p in PEERS}
-    python = venv_python(VENV_PEERS)
-    versions = peer_versions(python)
-    if any(versions.get(name) != pin for name, pin in PEER_PINS.items()):
-        print(f"setting up {VENV_PEERS.relative_to(REPO)} with "
-              + " ".join(f"{k}=={v}" for k, v in PEER_PINS.items()) + " ...", flush=True)
-        try:
-            ensure_venv(VENV_PEERS, capture=True)
-            pip_install(python, [f"{k}=={v}" for k, v in PEER_PINS.items()], capture=True, timeout=900)
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
-            tail = (getattr(exc, "stderr", None) or getattr(exc, "stdout", None) or str(exc))
-            tail = tail.decode() if isinstance(tail, bytes) else str(tail)
-            lines = [line for line in tail.strip().splitlines() if not line.startswith("WARNING")] or ["?"]
-            why = "install failed: " + " | ".join(line if len(line) < 240 else line[:200] + " ..." for line in lines[-2:])
-            print(f"PEERS UNAVAILABLE: {why}", flush=True)
-        versions = peer_versions(python)
-    broken = {}
-    for peer in PEERS:
-        if not python.exists():
-            broken[peer] = f"{VENV_PEERS} could not be created"
-            continue
-        probe = run_code(python, PEER_IMPORT[peer])
-        if probe.returncode != 0:
-            broken[peer] = "import failed: " + (probe.stderr.strip().splitlines() or ["?"])[-1]
-    return (python if python.exists() else None), versions, broken
-
-
-# ---- running the workers ----------------------------------------------------------------------
 class Runner:
-    def __init__(self, ours_python: Path, peers_python: Path | None, workroot: Path, timeout: float) -> None:
-        self.pythons = {"ours": ours_python, "floor": ours_python, "langgraph": peers_python, "dbos": peers_python}
-        self.workroot = workroot
-        self.timeout = timeout
+    """``run(impl, scenario, workdir, *args)``: one worker process, its RESULT or {"error": ...}."""
+
+    def __init__(self, peers_python: Path | None, workroot: Path, timeout: float) -> None:
+        self.peers_python, self.workroot, self.timeout = peers_python, workroot, timeout
 
     def __call__(self, impl: str, scenario: str, workdir: Path, *extra: str, expect_rc: int = 0) -> dict:
         workdir.mkdir(parents=True, exist_ok=True)
-        env = worker_env("DBOS__APPVERSION")
-        python = self.pythons[impl]
-        args = ["--impl", impl, "--scenario", scenario, "--dir", str(workdir), *extra]
-        if impl in ("ours", "floor"):
-            env["PYTHONPATH"] = str(REPO)
-            cmd = [str(python), str(WORKER), *args, "--repo", str(REPO)]
-        else:
-            # -I: no PYTHONPATH, no user site, no script dir on sys.path; the peers' venv only.
-            cmd = [str(python), "-I", str(WORKER), *args]
-        result = run_result_worker(cmd, cwd=workdir, env=env, timeout=self.timeout, label=f"{impl} {scenario}",
-                                   expect_rc=expect_rc)
-        if "error" not in result:
-            result["returncode"] = expect_rc  # the worker exited with it
-        return result
-
-
-# ---- formatting -------------------------------------------------------------------------------
-def fmt_s(value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    if value >= 1:
-        return f"{value:.2f} s"
-    if value >= 1e-3:
-        return f"{value * 1e3:.1f} ms" if value >= 0.01 else f"{value * 1e3:.2f} ms"
-    return f"{value * 1e6:.0f} us" if value >= 1e-5 else f"{value * 1e6:.1f} us"
+        ours = impl in ("ours", "floor")
+        cmd, env = worker_command(sys.executable if ours else self.peers_python, WORKER,
+                                  ["--impl", impl, "--scenario", scenario, "--dir", str(workdir), *extra], ours=ours)
+        return run_result_worker(cmd, cwd=workdir, env=env, timeout=self.timeout, label=f"{impl} {scenario}",
+                                 expect_rc=expect_rc)
 
 
 def fmt_n(value: float | None, digits: int = 0) -> str:
-    if value is None:
-        return "n/a"
-    return f"{value:,.{digits}f}"
+    return "n/a" if value is None else f"{value:,.{digits}f}"
 
 
 def ok(result: dict | None) -> bool:
@@ -209,19 +154,19 @@ def scenario_rerun(run: Runner, impls: list[str], args: argparse.Namespace, raw:
 
 
 def scenario_profile(run: Runner, args: argparse.Namespace, raw: dict) -> None:
-    """Ours only, under cProfile: the resume and the overhead scenarios (stats to results/)."""
+    """Ours only, under cProfile: the resume and the overhead scenarios (stats next to the JSON)."""
     raw["profiles"] = {}
     workdir = run.workroot / "profile"
     writer = run("ours", "resume_write", workdir, "--big", str(args.big), "--id", "big", expect_rc=137)
     if ok(writer):
-        path = PROFILES / "durable_calls_profile_resume.txt"
+        path = args.out.parent / "durable_calls_profile_resume.txt"
         res = run("ours", "resume", workdir, "--big", str(args.big), "--id", "big", "--profile", str(path))
         raw["profiles"]["resume"] = {"file": str(path), "total_s_under_profile": res.get("total_s")}
-        say(f"   resume under cProfile: {fmt_s(res.get('total_s'))} -> {path.relative_to(REPO)}")
-    path = PROFILES / "durable_calls_profile_overhead.txt"
+        say(f"   resume under cProfile: {fmt_s(res.get('total_s'))} -> {path}")
+    path = args.out.parent / "durable_calls_profile_overhead.txt"
     res = run("ours", "overhead", workdir / "ovh", "--n", str(args.n), "--profile", str(path))
     raw["profiles"]["overhead"] = {"file": str(path), "total_s_under_profile": res.get("total_s")}
-    say(f"   overhead under cProfile: {fmt_s((res.get('total_s') or 0) / args.n)}/call -> {path.relative_to(REPO)}")
+    say(f"   overhead under cProfile: {fmt_s((res.get('total_s') or 0) / args.n)}/call -> {path}")
 
 
 # ---- the report -------------------------------------------------------------------------------
@@ -372,8 +317,6 @@ def notes_for_peers(s: dict, raw: dict) -> list[str]:
 # ---- main -------------------------------------------------------------------------------------
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dir", help="parent of the work dir (default: next to the repo, on the real disk)")
-    parser.add_argument("--quick", action="store_true", help="N=200 x 3 rounds, 2,000-call resume, 20 re-runs")
     parser.add_argument("--n", type=int, default=500, help="calls per run in scenario 1 (default 500)")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds of scenario 1 (default 5)")
     parser.add_argument("--big", type=int, default=10_000, help="calls before the kill in scenario 2 (default 10,000)")
@@ -385,55 +328,48 @@ def main() -> int:
     parser.add_argument("--no-peers", action="store_true", help="ours only; do not create or use the peers' venv")
     parser.add_argument("--profile", action="store_true", help="also run ours' resume and overhead under cProfile")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per worker process (default 900)")
-    parser.add_argument("--keep", action="store_true", help="keep the work directory")
-    parser.add_argument("--out", default=str(RESULTS), help=f"JSON results (default {RESULTS.relative_to(REPO)})")
-    if parser.parse_known_args()[0].quick:  # smaller defaults; explicit options still win
-        parser.set_defaults(n=200, repeats=3, big=2_000, rerun_reps=21)
-    args = parser.parse_args()
-
+    args = parse_args(parser, "durable_calls", quick={"n": 50, "repeats": 1, "big": 200, "resume_repeats": 1,
+                                                      "rerun_reps": 3, "floor_n": 20})
     wanted = [i.strip() for i in (args.only or "ours,langgraph,dbos").split(",") if i.strip()]
     unknown = set(wanted) - {"ours", *PEERS}
     if unknown:
         parser.error(f"unknown implementation(s) {sorted(unknown)}")
-    peers_python, versions, broken = ensure_peers(args.no_peers or not (set(wanted) & set(PEERS)))
+    peers_python, versions, broken = None, {}, {}
+    if args.no_peers or not set(wanted) & set(PEERS):
+        broken = {p: "skipped (--no-peers)" for p in PEERS}
+    else:
+        peers_python, why = peer_python(VENV_PEERS, PEER_PINS, "import langgraph.func, langgraph.checkpoint.sqlite, dbos",
+                                        install=not args.quick)
+        broken = {p: why for p in PEERS} if why else {}
+        versions = versions_of(peers_python, PEER_REPORT) if peers_python else {}
     impls = [i for i in ("ours", *PEERS) if i in wanted and i not in broken]
     for peer, why in broken.items():
         if peer in wanted:
             say(f"{LABEL[peer]}: NOT RUN: {why}")
 
-    workroot = make_workdir("bench3-", args.dir)
-    mount = announce_workdir(workroot, out=say, tmpfs_note=", these are CPU-only numbers")
-    notes = machine_notes() | {"sqlite_library": sqlite3.sqlite_version, "loadavg_start": loadavg(),
-                               "workdir": str(workroot), "mount": mount, "args": vars(args), "impls": impls,
-                               "not_run": broken, "peer_versions": versions}
-    say(f"ours:  {sys.executable} (PYTHONPATH={REPO})")
-    if peers_python:
-        say(f"peers: {peers_python} (-I): " + ", ".join(f"{k} {v}" for k, v in versions.items() if v))
-    say(f"implementations: {', '.join(LABEL[i] for i in impls)}; N={args.n} x {args.repeats} rounds, "
-        f"resume of {args.big:,} calls, {args.rerun_reps} re-runs\n")
-
-    run = Runner(Path(sys.executable), peers_python, workroot, args.timeout)
     raw: dict = {}
-    started = time.perf_counter()
-    try:
+    with workdir("bench3-", args, tmpfs_note=", these are CPU-only numbers") as (workroot, mount):
+        notes = machine_notes() | {"sqlite_library": sqlite3.sqlite_version, "workdir": str(workroot), "mount": mount,
+                                   "args": vars(args), "impls": impls, "not_run": broken, "peer_versions": versions}
+        say(f"ours:  {sys.executable} (PYTHONPATH={REPO})")
+        if peers_python:
+            say(f"peers: {peers_python} (-I): " + ", ".join(f"{k} {v}" for k, v in versions.items() if v))
+        say(f"implementations: {', '.join(LABEL[i] for i in impls)}; N={args.n} x {args.repeats} rounds, "
+            f"resume of {args.big:,} calls, {args.rerun_reps} re-runs\n")
+        run = Runner(peers_python, workroot, args.timeout)
+        started = time.perf_counter()
         say("1. overhead per journaled call (interleaved rounds, one fresh process each) ...")
         scenario_overhead(run, impls, args, raw)
         say(f"2. resume a run killed after {args.big:,} journaled calls ...")
         scenario_resume(run, impls, args, raw)
         say("3. re-run a finished run id ...")
         scenario_rerun(run, impls, args, raw)
-        final_floor = run("floor", "floor", workroot / "floor-end", "--floor-n", str(args.floor_n))
-        raw["floor_end"] = final_floor
+        raw["floor_end"] = run("floor", "floor", workroot / "floor-end", "--floor-n", str(args.floor_n))
         if args.profile:
             say("profiling ours (cProfile) ...")
             scenario_profile(run, args, raw)
-    finally:
-        if not args.keep:
-            shutil.rmtree(workroot, ignore_errors=True)
     notes["elapsed_s"] = time.perf_counter() - started
-    load_end = loadavg()
-    if load_end is not None:
-        notes["loadavg_end"] = load_end
+    notes["loadavg_end"] = loadavg()
 
     s = summarize(impls, raw)
     table = build_table(impls, s, args)
@@ -452,14 +388,11 @@ def main() -> int:
     say("")
     checks = verdicts(s, args)
     for v in checks:
-        say(f"{'PASS' if v['pass'] else 'MISS'}  {v['target']}\n      {v['measured']}")
+        say_verdict(v["pass"], v["target"], v["measured"])
     for peer, why in broken.items():
         if peer in wanted:
             say(f"NOT RUN  {LABEL[peer]}: {why}")
-
-    out = write_json(args.out, {"notes": notes, "summary": s, "targets": checks, "table": table, "raw": raw},
-                     indent=2, default=str, newline=True)
-    say(f"\nraw numbers: {out}")
+    save_results(args.out, {"notes": notes, "summary": s, "targets": checks, "table": table, "raw": raw}, indent=2)
     return 0
 
 

@@ -1,7 +1,7 @@
 """``%%resumable``'s per-waypoint overhead over a bare loop, in IPython's in-process shell, on the real disk.
 
     python benchmarks/bench_notebook.py            # full: small case 7 repeats, large case 3 repeats of N=500 (~5 min)
-    python benchmarks/bench_notebook.py --quick    # small case 5 repeats, large case 2 repeats of N=200 (~1.5 min)
+    python benchmarks/bench_notebook.py --quick    # a smoke run: 1 repeat, N=50 / N=20 with a 0.3 MB frame (seconds)
 
 Everything runs in this process, in ``InteractiveShell.instance()`` after ``%load_ext caravanserai``
 (and ``from caravanserai import checkpoint``), against a fresh local store per (case, repeat,
@@ -50,36 +50,48 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
-import datetime as _dt
 import gc
 import hashlib
 import io
 import json
-import math
 import os
-import platform
-import pstats
-import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from _common import REPO, RESULTS, announce_workdir, install_fsync_counter, loadavg, make_workdir, md_table, write_json
+from _common import (
+    REPO,
+    fmt_load,
+    fsync_floor,
+    install_fsync_counter,
+    loadavg,
+    machine_notes,
+    md_table,
+    parse_args,
+    profile_rows,
+    profile_text,
+    save_results,
+    say,
+    say_err,
+    say_verdict,
+    workdir,
+)
+from _common import fmt_bytes as fmt_b
+from _common import fmt_time as fmt_t
 from _common import median_of as med
 
 TARGET_S = 1e-3  # small case: %%resumable's own overhead per waypoint on top of the store's append
-
-# fsync accounting: os.fsync/os.fdatasync wrapped before caravanserai is imported
-FSYNC = install_fsync_counter()
+FSYNC = install_fsync_counter()  # os.fsync/os.fdatasync counted and timed, before caravanserai is imported
 
 sys.path.insert(0, str(REPO))
 import caravanserai  # noqa: E402
-from caravanserai.namespace import Snapshotter, encode_value  # noqa: E402
 from caravanserai.runs import open_run, registry  # noqa: E402
+from caravanserai.runs.snapshots import Snapshotter, encode_value  # noqa: E402
 from caravanserai.stores import ENV_VAR, open_store  # noqa: E402
-from caravanserai.stores.local_views import RENDERER  # noqa: E402
+from caravanserai.stores.local.views import RENDERER  # noqa: E402
 
 
 # ---- small helpers ----------------------------------------------------------------------------
@@ -87,17 +99,14 @@ def wchar() -> int | None:
     """Bytes this process has passed to write()-like syscalls so far (Linux), or None."""
     try:
         with open("/proc/self/io", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("wchar:"):
-                    return int(line.split()[1])
+            return next((int(line.split()[1]) for line in fh if line.startswith("wchar:")), None)
     except OSError:
-        pass
-    return None
+        return None
 
 
 def snap() -> dict:
     return {"t": time.perf_counter(), "cpu": time.thread_time(), "proc": time.process_time(),
-            "fsyncs": FSYNC["calls"], "fsync_s": FSYNC["seconds"], "wchar": wchar()}
+            "fsyncs": FSYNC.calls, "fsync_s": FSYNC.seconds, "wchar": wchar()}
 
 
 def delta(a: dict, b: dict) -> dict:
@@ -106,28 +115,6 @@ def delta(a: dict, b: dict) -> dict:
         "fsyncs": b["fsyncs"] - a["fsyncs"], "fsync_s": b["fsync_s"] - a["fsync_s"],
         "wchar": None if a["wchar"] is None or b["wchar"] is None else b["wchar"] - a["wchar"],
     }
-
-
-def fmt_t(seconds: float | None) -> str:
-    if seconds is None or (isinstance(seconds, float) and math.isnan(seconds)):
-        return "n/a"
-    a = abs(seconds)
-    if a >= 1:
-        return f"{seconds:.2f} s"
-    if a >= 1e-3:
-        return f"{seconds * 1e3:.2f} ms"
-    if a >= 10e-6:
-        return f"{seconds * 1e6:.0f} us"
-    return f"{seconds * 1e6:.2f} us"
-
-
-def fmt_b(n: float | None) -> str:
-    if n is None:
-        return "n/a"
-    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
 
 
 def versions() -> dict:
@@ -140,22 +127,9 @@ def versions() -> dict:
             "caravanserai_file": caravanserai.__file__}
 
 
-def fsync_floor(directory: Path, samples: int = 100) -> float:
-    """Median of ``os.write`` of 100 B + ``os.fdatasync`` in ``directory``."""
-    path = directory / "fsync-floor.bin"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    times = []
-    sync = getattr(os, "fdatasync", os.fsync)
-    try:
-        for _ in range(samples):
-            t0 = time.perf_counter()
-            os.write(fd, b"x" * 100)
-            sync(fd)
-            times.append(time.perf_counter() - t0)
-    finally:
-        os.close(fd)
-        os.unlink(path)
-    return statistics.median(times)
+def floor_s(directory: Path) -> float:
+    """Median of ``os.write`` of 100 B + ``os.fdatasync`` in ``directory`` (100 samples)."""
+    return statistics.median(fsync_floor(directory, 100, b"x" * 100, warmup=0))
 
 
 def tree_bytes(store: Path) -> dict:
@@ -260,7 +234,8 @@ class Notebook:
             result = self.shell.run_cell(source, store_history=False)
         if not result.success:
             error = result.error_before_exec or result.error_in_exec
-            raise RuntimeError(f"cell failed: {type(error).__name__}: {error}\n--- source ---\n{source}\n--- output ---\n{out.getvalue()}")
+            raise RuntimeError(f"cell failed: {type(error).__name__}: {error}\n"
+                               f"--- source ---\n{source}\n--- output ---\n{out.getvalue()}")
         return out.getvalue()
 
     def run(self, case: str, variant: str, n: int, store: Path, run_id: str,
@@ -385,35 +360,22 @@ def components(frame: Any) -> dict:
 
 # ---- profile ----------------------------------------------------------------------------------
 def profile_small(nb: Notebook, base: Path, n: int, out_txt: Path) -> dict:
-    stats = {}
+    profs, tables = {}, {}
     for variant in ("plain", "cell"):
-        prof = cProfile.Profile()
-        store = base / f"profile-{variant}"
-        nb.run("small", variant, n, store, f"prof-{variant}", profiler=prof)
-        stats[variant] = pstats.Stats(prof)
-
-    def table(st: pstats.Stats) -> dict:
-        rows = {}
-        for (file, line, func), (cc, nc, tt, ct, _callers) in st.stats.items():  # type: ignore[attr-defined]
-            short = file.replace(str(REPO) + "/", "")
-            if "site-packages/" in short:
-                short = short.split("site-packages/", 1)[1]
-            rows[f"{short}:{line}({func})"] = {"calls": nc, "tottime": tt, "cumtime": ct}
-        return rows
-
-    plain, cell = table(stats["plain"]), table(stats["cell"])
-    keys = set(plain) | set(cell)
+        profs[variant] = cProfile.Profile()
+        nb.run("small", variant, n, base / f"profile-{variant}", f"prof-{variant}", profiler=profs[variant])
+        tables[variant] = {f"{r['file'].replace(str(REPO) + '/', '').split('site-packages/')[-1]}:{r['line']}({r['func']})": r
+                           for r in profile_rows(profs[variant], per=n / 1e6)}  # us per waypoint
+    plain, cell, none = tables["plain"], tables["cell"], {"calls": 0, "own_s": 0.0, "cum_s": 0.0}
     diff = []
-    for key in keys:
-        p = plain.get(key, {"calls": 0, "tottime": 0.0, "cumtime": 0.0})
-        c = cell.get(key, {"calls": 0, "tottime": 0.0, "cumtime": 0.0})
-        diff.append({"function": key, "cell_tottime_us": c["tottime"] / n * 1e6, "plain_tottime_us": p["tottime"] / n * 1e6,
-                     "extra_tottime_us": (c["tottime"] - p["tottime"]) / n * 1e6,
-                     "cell_cumtime_us": c["cumtime"] / n * 1e6, "plain_cumtime_us": p["cumtime"] / n * 1e6,
-                     "cell_calls_per_wp": c["calls"] / n, "plain_calls_per_wp": p["calls"] / n})
+    for key in set(plain) | set(cell):
+        p, c = plain.get(key, none), cell.get(key, none)
+        diff.append({"function": key, "cell_tottime_us": c["own_s"], "plain_tottime_us": p["own_s"],
+                     "extra_tottime_us": c["own_s"] - p["own_s"], "cell_cumtime_us": c["cum_s"],
+                     "plain_cumtime_us": p["cum_s"], "cell_calls_per_wp": c["calls"] / 1e6,
+                     "plain_calls_per_wp": p["calls"] / 1e6})
     by_self = sorted(diff, key=lambda d: -d["extra_tottime_us"])[:20]
-    wanted = ("runs.py", "namespace.py", "cell.py", "journal.py", "serialization.py", "waypoints.py", "local.py",
-              "local_views.py", "fdatasync", "posix.write", "dumps")
+    wanted = ("caravanserai/", "ipython_ext/", "fdatasync", "posix.write", "dumps")
     by_cum = sorted((d for d in diff if any(w in d["function"] for w in wanted)),
                     key=lambda d: -(d["cell_cumtime_us"] - d["plain_cumtime_us"]))[:20]
     text = io.StringIO()
@@ -428,11 +390,8 @@ def profile_small(nb: Notebook, base: Path, n: int, out_txt: Path) -> dict:
     for d in by_cum:
         text.write(f"{d['function'][:78]:<78} {d['cell_cumtime_us']:8.1f} {d['plain_cumtime_us']:8.1f} "
                    f"{d['cell_cumtime_us'] - d['plain_cumtime_us']:8.1f}\n")
-    for variant, st in stats.items():
-        buf = io.StringIO()
-        st.stream = buf  # type: ignore[attr-defined]
-        st.sort_stats("tottime").print_stats(25)
-        text.write(f"\n==== raw pstats, {variant}, by tottime ====\n{buf.getvalue()}")
+    for variant, prof in profs.items():
+        text.write(f"\n==== raw pstats, {variant} ====\n{profile_text(prof, [('tottime', 25)])}")
     out_txt.parent.mkdir(parents=True, exist_ok=True)
     out_txt.write_text(text.getvalue(), encoding="utf-8")
     return {"by_extra_self": by_self, "by_cumulative": by_cum, "file": str(out_txt)}
@@ -456,42 +415,28 @@ def run_case(nb: Notebook, base: Path, case: str, variants: list[str], n: int, r
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small case 5 repeats; large case N=200, 2 repeats")
     ap.add_argument("--n", type=int, default=500, help="small case steps (default 500)")
-    ap.add_argument("--large-n", type=int, help="large case steps (default 500; 200 with --quick)")
+    ap.add_argument("--large-n", type=int, default=500, help="large case steps (default 500)")
     ap.add_argument("--large-mb", type=float, default=10.0, help="DataFrame size as table-JSON, MB (default 10)")
-    ap.add_argument("--repeats", type=int, help="small case repeats (default 7; 5 with --quick)")
-    ap.add_argument("--large-repeats", type=int, help="large case repeats (default 3; 2 with --quick)")
+    ap.add_argument("--repeats", type=int, default=7, help="small case repeats (default 7)")
+    ap.add_argument("--large-repeats", type=int, default=3, help="large case repeats (default 3)")
     ap.add_argument("--no-large", action="store_true", help="skip the large case")
     ap.add_argument("--profile", action="store_true", help="profile the small case even if it passes")
-    ap.add_argument("--dir", type=Path, help="where the work dir goes (default: next to the repo)")
-    ap.add_argument("--keep", action="store_true", help="keep the work dir")
-    ap.add_argument("--out", type=Path, default=RESULTS / "notebook.json")
-    args = ap.parse_args(argv)
-    n = args.n
-    large_n = args.large_n or (200 if args.quick else 500)
-    repeats = args.repeats or (5 if args.quick else 7)
-    large_repeats = args.large_repeats or (2 if args.quick else 3)
-
-    def log(msg: str) -> None:
-        print(msg, file=sys.stderr, flush=True)
-
-    base = make_workdir("bench-nb-", args.dir)
+    args = parse_args(ap, "notebook", argv=argv, quick={"n": 50, "large_n": 20, "large_mb": 0.3, "repeats": 1,
+                                                        "large_repeats": 1})
+    n, large_n, repeats, large_repeats, log = args.n, args.large_n, args.repeats, args.large_repeats, say_err
     started = time.perf_counter()
-    mount = announce_workdir(base, out=log, tmpfs_note=", use --dir on a real disk")
-    ver = versions()
-    log(f"caravanserai {ver['caravanserai']} from {ver['caravanserai_file']}; IPython {ver['ipython']}, "
-        f"pandas {ver['pandas']}, CPython {ver['python']}")
-    out: dict[str, Any] = {
-        "when": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "argv": sys.argv, "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "mount": mount,
-                                      "work_dir": str(base)},
-        "versions": ver, "config": {"n": n, "large_n": large_n, "large_mb": args.large_mb, "repeats": repeats,
-                                    "large_repeats": large_repeats, "quick": args.quick},
-    }
-    try:
+    with workdir("bench-nb-", args, out=log, tmpfs_note=", use --dir on a real disk") as (base, mount):
+        ver = versions()
+        log(f"caravanserai {ver['caravanserai']} from {ver['caravanserai_file']}; IPython {ver['ipython']}, "
+            f"pandas {ver['pandas']}, CPython {ver['python']}")
+        out: dict[str, Any] = {
+            "argv": sys.argv, "machine": machine_notes() | {"mount": mount, "work_dir": str(base)},
+            "versions": ver, "config": {"n": n, "large_n": large_n, "large_mb": args.large_mb, "repeats": repeats,
+                                        "large_repeats": large_repeats, "quick": args.quick},
+        }
         out["loadavg_before"] = loadavg()
-        out["fsync_floor_before_s"] = fsync_floor(base)
+        out["fsync_floor_before_s"] = floor_s(base)
         log(f"fsync floor (write 100 B + fdatasync, median of 100): {fmt_t(out['fsync_floor_before_s'])}")
         nb = Notebook()
         frame = None
@@ -515,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
             out["large"] = run_case(nb, base, "large", ["bare", "plain", "cell", "cell_every"], large_n, large_repeats, log)
         log("components ...")
         out["components"] = components(frame if frame is not None else make_frame(1_000_000))
-        out["fsync_floor_after_s"] = fsync_floor(base)
+        out["fsync_floor_after_s"] = floor_s(base)
         out["loadavg_after"] = loadavg()
         s = small["summary"]
         wall = s["cell"]["minus_plain_s"]
@@ -528,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
             "minus_plain_s": wall, "pass_on_wall_clock": wall is not None and wall < TARGET_S}}
         if not passed or not out["verdicts"]["small_under_1ms"]["pass_on_wall_clock"] or args.profile:
             log("profiling the small case (cProfile) ...")
-            out["profile_small"] = profile_small(nb, base, n, RESULTS / "notebook_profile_small.txt")
+            out["profile_small"] = profile_small(nb, base, n, args.out.parent / "notebook_profile_small.txt")
         if "large" in out:
             ls = out["large"]["summary"]
             distinct = len({i // 100 for i in range(large_n)})
@@ -540,13 +485,7 @@ def main(argv: list[str] | None = None) -> int:
                                                       "objects_bytes": objs, "payload_bytes": payload}
         out["elapsed_s"] = time.perf_counter() - started
         report(out)
-    finally:
-        if args.keep:
-            log(f"kept {base}")
-        else:
-            shutil.rmtree(base, ignore_errors=True)
-    write_json(args.out, out, indent=1, default=str)
-    print(f"\nraw numbers: {args.out}")
+    save_results(args.out, out)
     return 0
 
 
@@ -586,63 +525,62 @@ def report(out: dict) -> None:
     if large:
         rows.append(("%%resumable --every 100, per waypoint", ["", fmt_t(large["cell_every"]["per_wp_s"])]))
         rows.append(("  --every 100 minus plain", ["", fmt_t(large["cell_every"]["minus_plain_s"])]))
-    print()
-    print(f"caravanserai {out['versions']['caravanserai']}, IPython {out['versions']['ipython']}, pandas "
-          f"{out['versions']['pandas']}, {out['machine']['cpus']} CPUs, {out['machine']['mount']['fstype']} on "
-          f"{out['machine']['mount']['device']}; fsync floor {fmt_t(out['fsync_floor_before_s'])} before, "
-          f"{fmt_t(out['fsync_floor_after_s'])} after; load average {fmt_load(out.get('loadavg_before'))} before, "
-          f"{fmt_load(out.get('loadavg_after'))} after; medians over repeats")
-    print()
-    print("\n".join(md_table(["metric", *cols], [[label, *values] for label, values in rows])))
-    print(f"\nsaved names per waypoint (small): {', '.join(small['cell'].get('saved_names') or [])}")
+    say()
+    say(f"caravanserai {out['versions']['caravanserai']}, IPython {out['versions']['ipython']}, pandas "
+        f"{out['versions']['pandas']}, {out['machine']['cpu_count']} CPUs, {out['machine']['mount']['fstype']} on "
+        f"{out['machine']['mount']['device']}; fsync floor {fmt_t(out['fsync_floor_before_s'])} before, "
+        f"{fmt_t(out['fsync_floor_after_s'])} after; load average {fmt_load(out.get('loadavg_before'))} before, "
+        f"{fmt_load(out.get('loadavg_after'))} after; medians over repeats")
+    say()
+    say("\n".join(md_table(["metric", *cols], [[label, *values] for label, values in rows])))
+    say(f"\nsaved names per waypoint (small): {', '.join(small['cell'].get('saved_names') or [])}")
     if large:
         fr = out["frame"]
         b = large["cell"]["bytes"]
         naive = fr["payload_bytes"] * cfg["large_n"]
-        print(f"\nlarge case bytes (median store after one cell of N={cfg['large_n']}; df {fr['rows']:,} rows, "
-              f"{fmt_b(fr['payload_bytes'])} as table-JSON, {fmt_b(fr['memory_bytes'])} in memory):")
-        print(f"  journal {fmt_b(b['journal'])} + objects {fmt_b(b['objects'])} ({b['objects_count']:.0f} objects) "
-              f"= {fmt_b(b['journal'] + b['objects'])}; views/other {fmt_b(b['views_other'])}")
-        print(f"  bytes passed to write() by the process for the cell (wchar): {fmt_b(large['cell']['wchar_all'])}")
-        print(f"  payload x waypoints (the frame rewritten at each waypoint): {fmt_b(naive)} "
-              f"-> stored {((b['journal'] + b['objects']) / naive * 100):.2f}% of that")
+        say(f"\nlarge case bytes (median store after one cell of N={cfg['large_n']}; df {fr['rows']:,} rows, "
+            f"{fmt_b(fr['payload_bytes'])} as table-JSON, {fmt_b(fr['memory_bytes'])} in memory):")
+        say(f"  journal {fmt_b(b['journal'])} + objects {fmt_b(b['objects'])} ({b['objects_count']:.0f} objects) "
+            f"= {fmt_b(b['journal'] + b['objects'])}; views/other {fmt_b(b['views_other'])}")
+        say(f"  bytes passed to write() by the process for the cell (wchar): {fmt_b(large['cell']['wchar_all'])}")
+        say(f"  payload x waypoints (the frame rewritten at each waypoint): {fmt_b(naive)} "
+            f"-> stored {((b['journal'] + b['objects']) / naive * 100):.2f}% of that")
         pb = large["plain"]["bytes"]
-        print(f"  plain checkpoint store for comparison: journal {fmt_b(pb['journal'])}, views/other {fmt_b(pb['views_other'])}")
+        say(f"  plain checkpoint store for comparison: journal {fmt_b(pb['journal'])}, views/other {fmt_b(pb['views_other'])}")
         eb = large["cell_every"]["bytes"]
-        print(f"  --every 100: journal {fmt_b(eb['journal'])} + objects {fmt_b(eb['objects'])} ({eb['objects_count']:.0f} objects)")
+        say(f"  --every 100: journal {fmt_b(eb['journal'])} + objects {fmt_b(eb['objects'])} ({eb['objects_count']:.0f} objects)")
     comp = out["components"]
-    print("\ncomponents (timed directly, median):")
-    print(f"  Snapshotter.capture() of the 4 small names:            {fmt_t(comp['capture_small_names_s'])} per call "
-          f"({fmt_t(comp['capture_small_names_cpu_s'])} CPU)")
-    print(f"  encode_value(df) (DataFrame.to_json orient=table), {fmt_b(comp['frame_payload_bytes'])}: {fmt_t(comp['encode_frame_s'])} "
-          f"({fmt_t(comp['encode_frame_cpu_s'])} CPU)")
-    print(f"  sha256 of that payload:                                 {fmt_t(comp['sha256_frame_s'])}")
-    print(f"  Snapshotter.capture() with the df, unchanged (no write): {fmt_t(comp['capture_large_unchanged_s'])}")
-    print()
+    say("\ncomponents (timed directly, median):")
+    say(f"  Snapshotter.capture() of the 4 small names:            {fmt_t(comp['capture_small_names_s'])} per call "
+        f"({fmt_t(comp['capture_small_names_cpu_s'])} CPU)")
+    say(f"  encode_value(df) (DataFrame.to_json orient=table), {fmt_b(comp['frame_payload_bytes'])}: "
+        f"{fmt_t(comp['encode_frame_s'])} "
+        f"({fmt_t(comp['encode_frame_cpu_s'])} CPU)")
+    say(f"  sha256 of that payload:                                 {fmt_t(comp['sha256_frame_s'])}")
+    say(f"  Snapshotter.capture() with the df, unchanged (no write): {fmt_t(comp['capture_large_unchanged_s'])}")
+    say()
     v = out["verdicts"]["small_under_1ms"]
-    print(f"{'PASS' if v['pass'] else 'MISS'}  small case: %%resumable < 1 ms per waypoint on top of the store's own append")
     spread = [d["cell"]["minus_plain_no_fsync_s"] for d in out["small"]["per_repeat_derived"]]
-    print(f"      median (cell - plain) / N without fsync time = {fmt_t(v['minus_plain_no_fsync_s'])} "
-          f"(per repeat {fmt_t(min(spread))} .. {fmt_t(max(spread))}; judged on this: "
-          f"fsyncs per waypoint plain {small['plain']['fsyncs_per_wp']:.2f}, cell {small['cell']['fsyncs_per_wp']:.2f})")
-    print(f"      wall clock incl. fsync: {fmt_t(v['minus_plain_s'])} ({'under' if v['pass_on_wall_clock'] else 'OVER'} 1 ms; "
-          f"fsync time per waypoint plain {fmt_t(small['plain']['fsync_s_per_wp'])}, cell {fmt_t(small['cell']['fsync_s_per_wp'])}); "
-          f"main-thread CPU {fmt_t(small['cell']['minus_plain_thread_cpu_s'])}")
+    say_verdict(v["pass"], "small case: %%resumable < 1 ms per waypoint on top of the store's own append",
+                f"median (cell - plain) / N without fsync time = {fmt_t(v['minus_plain_no_fsync_s'])} "
+                f"(per repeat {fmt_t(min(spread))} .. {fmt_t(max(spread))}; judged on this: "
+                f"fsyncs per waypoint plain {small['plain']['fsyncs_per_wp']:.2f}, cell {small['cell']['fsyncs_per_wp']:.2f})")
+    say(f"      wall clock incl. fsync: {fmt_t(v['minus_plain_s'])} ({'under' if v['pass_on_wall_clock'] else 'OVER'} 1 ms; "
+        f"fsync time per waypoint plain {fmt_t(small['plain']['fsync_s_per_wp'])}, "
+        f"cell {fmt_t(small['cell']['fsync_s_per_wp'])}); "
+        f"main-thread CPU {fmt_t(small['cell']['minus_plain_thread_cpu_s'])}")
     if "large_not_rewritten" in out["verdicts"]:
         v = out["verdicts"]["large_not_rewritten"]
-        print(f"{'PASS' if v['pass'] else 'MISS'}  large case: unchanged values are not rewritten")
-        print(f"      {v['objects']:.0f} objects written for {v['distinct_frames']} distinct frames, "
-              f"{fmt_b(v['objects_bytes'])} (payload {fmt_b(v['payload_bytes'])} each)")
+        say_verdict(v["pass"], "large case: unchanged values are not rewritten",
+                    f"{v['objects']:.0f} objects written for {v['distinct_frames']} distinct frames, "
+                    f"{fmt_b(v['objects_bytes'])} (payload {fmt_b(v['payload_bytes'])} each)")
     if "profile_small" in out:
-        print(f"\nprofile (cProfile, small case, us per waypoint; full text {out['profile_small']['file']}):")
-        print(f"  {'function':<70} {'cell':>7} {'plain':>7} {'extra':>7}")
+        say(f"\nprofile (cProfile, small case, us per waypoint; full text {out['profile_small']['file']}):")
+        say(f"  {'function':<70} {'cell':>7} {'plain':>7} {'extra':>7}")
         for d in out["profile_small"]["by_extra_self"][:12]:
-            print(f"  {d['function'][:70]:<70} {d['cell_tottime_us']:7.1f} {d['plain_tottime_us']:7.1f} {d['extra_tottime_us']:7.1f}")
-    print(f"\nelapsed {out['elapsed_s']:.0f} s")
-
-
-def fmt_load(load: list[float] | None) -> str:
-    return "n/a" if not load else "/".join(f"{x:.1f}" for x in load)
+            say(f"  {d['function'][:70]:<70} {d['cell_tottime_us']:7.1f} {d['plain_tottime_us']:7.1f} "
+                f"{d['extra_tottime_us']:7.1f}")
+    say(f"\nelapsed {out['elapsed_s']:.0f} s")
 
 
 def cfg_n(case_summary: dict, cfg: dict) -> int:

@@ -1,12 +1,14 @@
 """Durable append latency per store backend, next to the physical floor measured in the same run.
 
-    python benchmarks/bench_stores.py [--quick] [--rounds K] [--n N] [--only local,sqlite,...] [--dir PATH]
+    python benchmarks/bench_stores.py [--quick] [--rounds K] [--n N] [--only local,sqlite,...] [--dir PATH] [--out FILE]
 
 One command: it starts its own PostgreSQL (``tests/servers/pg_server.py``: initdb + pg_ctl, through
 ``runuser -u postgres`` as root, data directory inside the work dir) and moto S3 server
-(``tests/servers/s3_server.py``), both on 127.0.0.1, plus ``caravanserai.service.serve`` when that
-exists, and stops them all at the end. The work dir is a fresh ``bench-stores-XXXX`` next to the
-repo (the real disk, ext4 here; ``--dir`` moves it), deleted afterwards (``--keep``).
+(``tests/servers/s3_server.py``), both on 127.0.0.1, plus the journal service
+(``caravanserai.stores.http_service.serve``), and stops them all at the end. The work dir is a fresh
+``bench-stores-XXXX`` next to the repo (the real disk, ext4 here; ``--dir`` moves it), deleted
+afterwards (``--keep``). ``--quick`` (N=30, 1 round) runs local, sqlite and http only, and says so:
+PostgreSQL, S3 and the peers need servers (name them in ``--only`` to include them).
 
 Per backend, each in a fresh process (``benchmarks/_stores_worker.py``):
 
@@ -37,7 +39,6 @@ import importlib
 import json
 import os
 import secrets
-import shutil
 import signal
 import statistics
 import subprocess
@@ -47,66 +48,44 @@ import time
 import urllib.request
 from pathlib import Path
 
-from _common import (HERE, REPO, VENV_PEERS, announce_workdir, ensure_venv, loadavg, machine_notes, make_workdir,
-                     md_table, nearest_rank, pip_install, probe_json, reexec_in_repo_venv, run_code,
-                     run_result_worker, say, venv_python, versions_code, worker_env, write_json)
+from _common import (
+    HERE,
+    PEER_PINS,
+    REPO,
+    VENV_PEERS,
+    describe,
+    fmt_load,
+    fmt_us,
+    loadavg,
+    machine_notes,
+    md_table,
+    parse_args,
+    peer_python,
+    reexec_in_repo_venv,
+    run_result_worker,
+    save_results,
+    say,
+    versions_of,
+    workdir,
+    worker_command,
+)
 
 sys.path.insert(0, str(REPO / "tests"))  # the tests' own server helpers: tests/servers
 from servers._proc import free_port, stop_process_group  # noqa: E402
 
 WORKER = HERE / "_stores_worker.py"
-RESULTS = HERE / "results" / "stores.json"
 TARGET = 1.5
 BACKENDS = ("local", "sqlite", "postgres", "s3", "http")
 PEERS = ("langgraph", "dbos")
-# Installed into .venv-peers when missing; langgraph/dbos pins are bench_durable_calls.py's.
-PEER_BASE = {"langgraph": "1.2.24", "langgraph-checkpoint": "4.3.2", "dbos": "3.4.0"}
+NEEDS_SERVER = {"postgres": "a PostgreSQL server", "s3": "a moto S3 server", "langgraph": "PostgreSQL and the peers' venv",
+                "dbos": "PostgreSQL and the peers' venv"}
+PEER_BASE = {k: v for k, v in PEER_PINS.items() if k != "langgraph-checkpoint-sqlite"}
 PEER_EXTRA = ["langgraph-checkpoint-postgres", "psycopg[binary]", "psycopg-pool"]
-PEER_PROBE = "import langgraph.checkpoint.postgres, psycopg, psycopg_pool, dbos"
 
 
 def load_helper(name: str):
     """``tests/servers/<name>.py``, the tests' own server helpers."""
     return importlib.import_module(f"servers.{name}")
-
-
-# ---- peers' venv --------------------------------------------------------------------------------
-def ensure_peers() -> tuple[Path | None, str | None]:
-    """(peers' python, why not) after adding the Postgres packages to .venv-peers if missing."""
-    python = venv_python(VENV_PEERS)
-    try:
-        if python.exists() and run_code(python, PEER_PROBE).returncode == 0:
-            return python, None
-        ensure_venv(VENV_PEERS, capture=True)
-        have = run_code(python, "import importlib.metadata as m\n"
-                        "for p in ('langgraph', 'langgraph-checkpoint', 'dbos'):\n"
-                        "    try: print(p, m.version(p))\n    except m.PackageNotFoundError: pass").stdout.split()
-        installed = dict(zip(have[::2], have[1::2]))
-        pins = [f"{k}=={installed.get(k, v)}" for k, v in PEER_BASE.items()]  # keep what is there
-        say(f"adding to {VENV_PEERS.relative_to(REPO)}: {' '.join(PEER_EXTRA)} (keeping {' '.join(pins)}) ...")
-        pip_install(python, [*pins, *PEER_EXTRA], capture=True, timeout=900)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
-        tail = str(getattr(exc, "stderr", None) or exc).strip().splitlines()
-        return None, "install failed: " + (tail[-1] if tail else "?")
-    check = run_code(python, PEER_PROBE)
-    if check.returncode != 0:
-        return None, "import failed: " + (check.stderr.strip().splitlines() or ["?"])[-1]
-    return python, None
-
-
-def peer_versions(python: Path) -> dict:
-    code = ("import importlib.metadata as m, json\nout = {}\n"
-            + versions_code(("langgraph", "langgraph-checkpoint", "langgraph-checkpoint-postgres", "dbos", "SQLAlchemy",
-                             "psycopg", "psycopg-binary", "psycopg-pool"))
-            + "print(json.dumps(out))")
-    return probe_json(python, code)
-
-
-def ours_versions() -> dict:
-    code = ("import importlib.metadata as m, json, sqlite3\nout = {'sqlite (library)': sqlite3.sqlite_version}\n"
-            + versions_code(("psycopg", "psycopg-binary", "obstore", "moto", "httpx", "starlette", "uvicorn"))
-            + "import caravanserai; out['caravanserai'] = caravanserai.__version__\nprint(json.dumps(out))")
-    return probe_json(sys.executable, code, isolated=False, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 # ---- servers ------------------------------------------------------------------------------------
@@ -141,18 +120,14 @@ class Servers:
         return self.s3.endpoint
 
     def start_http(self, backing: str) -> tuple[str | None, str]:
-        """(url with token, note); url None when the service is missing or did not start."""
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
-        probe = run_code(sys.executable, "import caravanserai.service as s; print(callable(getattr(s, 'serve', None)))",
-                         isolated=False, env=env)
-        if probe.stdout.strip() != "True":
-            return None, "not available yet"
+        """(url with token, note); url None when the service did not start."""
         port, token = free_port(), secrets.token_hex(16)
         log = open(self.workdir / "http-service.log", "w")
         self.http_stats = self.workdir / "http-service-stats.json"
-        self.http_proc = subprocess.Popen([sys.executable, str(WORKER), "serve", "--backing", backing, "--port", str(port),
-                                           "--token", token, "--stats", str(self.http_stats)], env=env, cwd=str(self.workdir), stdout=log,
-                                          stderr=subprocess.STDOUT, start_new_session=True)
+        cmd, env = worker_command(sys.executable, WORKER, ["serve", "--backing", backing, "--port", str(port), "--token",
+                                                           token, "--stats", str(self.http_stats)], ours=True)
+        self.http_proc = subprocess.Popen(cmd, env=env, cwd=str(self.workdir), stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True)
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -160,7 +135,7 @@ class Servers:
                 break
             try:
                 urllib.request.urlopen(base + "/health", timeout=1).read()
-                return f"{base}/?token={token}", f"caravanserai.service.serve on {base}, backed by {backing}"
+                return f"{base}/?token={token}", f"caravanserai.stores.http_service.serve on {base}, backed by {backing}"
             except OSError:
                 time.sleep(0.1)
         log.flush()
@@ -200,44 +175,19 @@ def create_database(dsn: str, name: str) -> str:
 # ---- running workers ----------------------------------------------------------------------------
 class Runner:
     def __init__(self, peers_python: Path | None, workdir: Path, timeout: float) -> None:
-        self.peers_python = peers_python
-        self.workdir = workdir
-        self.timeout = timeout
+        self.peers_python, self.workdir, self.timeout = peers_python, workdir, timeout
 
     def __call__(self, mode: str, *args: str, peer: bool = False) -> dict:
-        env = worker_env("DBOS__APPVERSION")
-        if peer:
-            cmd = [str(self.peers_python), "-I", str(WORKER), mode, *args]
-        else:
-            env["PYTHONPATH"] = str(REPO)
-            cmd = [sys.executable, str(WORKER), mode, *args, "--repo", str(REPO)]
-        return run_result_worker(cmd, cwd=self.workdir, env=env, timeout=self.timeout, label=mode,
-                                 show_expected=False, tail_chars=700)
+        cmd, env = worker_command(self.peers_python if peer else sys.executable, WORKER, [mode, *args], ours=not peer)
+        return run_result_worker(cmd, cwd=self.workdir, env=env, timeout=self.timeout, label=mode)
 
 
-# ---- statistics & formatting --------------------------------------------------------------------
 def pooled(results: list[dict]) -> list[float]:
     return [s for r in results if "samples_us" in r for s in r["samples_us"]]
 
 
-def summary(samples: list[float]) -> dict | None:
-    if not samples:
-        return None
-    s = sorted(samples)
-    return {"n": len(s), "median_us": statistics.median(s), "p90_us": nearest_rank(s, 0.90), "p99_us": nearest_rank(s, 0.99),
-            "mean_us": statistics.fmean(s), "min_us": s[0], "max_us": s[-1]}
-
-
-def fmt_us(value: float | None) -> str:
-    if value is None:
-        return "n/a"
-    if value >= 1e6:
-        return f"{value / 1e6:.2f} s"
-    if value >= 1e4:
-        return f"{value / 1e3:.1f} ms"
-    if value >= 1e3:
-        return f"{value / 1e3:.2f} ms"
-    return f"{value:.0f} us"
+def summary(samples_us: list[float]) -> dict | None:
+    return describe(samples_us, scale=1) if samples_us else None
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
@@ -247,7 +197,6 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 # ---- main ---------------------------------------------------------------------------------------
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="N=300 checkpoints, 1 round")
     parser.add_argument("--n", type=int, default=1000, help="timed checkpoints / appends per process (default 1,000)")
     parser.add_argument("--warmup", type=int, default=20, help="untimed ones before them (default 20)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
@@ -257,40 +206,43 @@ def main() -> int:
                         help="the store behind the journal service (default: a local directory on the bench disk)")
     parser.add_argument("--no-paired", action="store_true", help="skip the runs with the floor op in ours' process")
     parser.add_argument("--no-profile", action="store_true", help="do not profile a backend that misses the target")
-    parser.add_argument("--dir", help="parent of the work dir (default: next to the repo, on the real disk)")
-    parser.add_argument("--keep", action="store_true", help="keep the work dir")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per worker process (default 600)")
-    parser.add_argument("--out", default=str(RESULTS), help=f"JSON results (default {RESULTS.relative_to(REPO)})")
-    if parser.parse_known_args()[0].quick:
-        parser.set_defaults(n=300, rounds=1)
-    args = parser.parse_args()
+    args = parse_args(parser, "stores", quick={"n": 30, "warmup": 5, "rounds": 1})
     wanted = [w.strip() for w in (args.only or ",".join((*BACKENDS, *PEERS))).split(",") if w.strip()]
     unknown = set(wanted) - {*BACKENDS, *PEERS}
     if unknown:
         parser.error(f"unknown backend(s) {sorted(unknown)}")
     if args.no_peers:
         wanted = [w for w in wanted if w not in PEERS]
+    if args.quick and not args.only:
+        for name in NEEDS_SERVER:
+            say(f"{name}: skipped in --quick (needs {NEEDS_SERVER[name]}; name it in --only to include it)")
+        wanted = [w for w in wanted if w not in NEEDS_SERVER]
+    with workdir("bench-stores-", args) as (work, mount):
+        os.chmod(work, 0o755)  # the postgres user must reach its data dir inside
+        return measure(args, wanted, work, mount)
 
-    workdir = make_workdir("bench-stores-", args.dir)
-    os.chmod(workdir, 0o755)  # the postgres user must reach its data dir inside
-    mount = announce_workdir(workdir, out=say)
-    notes = {**machine_notes(), "loadavg_start": loadavg(), "workdir": str(workdir), "mount": mount, "args": vars(args),
-             "interpreter": sys.executable}
-    notes["versions_ours"] = ours_versions()
+
+def measure(args: argparse.Namespace, wanted: list[str], work: Path, mount: dict) -> int:
+    notes = {**machine_notes(), "workdir": str(work), "mount": mount, "args": vars(args), "interpreter": sys.executable}
+    notes["versions_ours"] = versions_of(sys.executable, ("psycopg", "psycopg-binary", "obstore", "moto", "httpx",
+                                                          "starlette", "uvicorn"), ours=True)
     say(f"ours: {sys.executable} (PYTHONPATH={REPO}); " + ", ".join(f"{k} {v}" for k, v in notes["versions_ours"].items() if v))
 
     peers_python, peers_why = (None, "not requested")
     if set(wanted) & set(PEERS):
-        peers_python, peers_why = ensure_peers()
+        peers_python, peers_why = peer_python(VENV_PEERS, PEER_BASE, "import langgraph.checkpoint.postgres, psycopg, "
+                                              "psycopg_pool, dbos", install=not args.quick, extra=PEER_EXTRA)
         if peers_python:
-            notes["versions_peers"] = peer_versions(peers_python)
+            notes["versions_peers"] = versions_of(peers_python, (*PEER_BASE, "langgraph-checkpoint-postgres",
+                                                                 "SQLAlchemy", "psycopg", "psycopg-binary", "psycopg-pool"))
             say(f"peers: {peers_python} (-I): " + ", ".join(f"{k} {v}" for k, v in notes["versions_peers"].items() if v))
         else:
             say(f"peers: NOT RUN: {peers_why}")
             wanted = [w for w in wanted if w not in PEERS]
 
-    servers = Servers(workdir)
-    runner = Runner(peers_python, workdir, args.timeout)
+    servers = Servers(work)
+    runner = Runner(peers_python, work, args.timeout)
     raw: dict[str, list[dict]] = {}
     unavailable: dict[str, str] = {}
     profiles: dict[str, dict] = {}
@@ -316,8 +268,8 @@ def main() -> int:
             except Exception as exc:  # noqa: BLE001
                 unavailable["s3"] = f"moto did not start: {exc}"
         if "http" in wanted:
-            backing = str(workdir / "http-backing") if args.http_backing == "local" else \
-                f"sqlite:///{workdir / 'http-backing.db'}"
+            backing = str(work / "http-backing") if args.http_backing == "local" else \
+                f"sqlite:///{work / 'http-backing.db'}"
             http_url, why = servers.start_http(backing)
             say(f"http: {why}")
             if http_url is None:
@@ -328,11 +280,11 @@ def main() -> int:
         say(f"measuring {', '.join(wanted)}: N={args.n} (+{args.warmup} warm-up) per process x {args.rounds} rounds\n")
 
         s3_opts = f"endpoint={endpoint}&region=us-east-1&access_key_id=testing&secret_access_key=testing"
-        common = ["--n", str(args.n), "--warmup", str(args.warmup), "--dir", str(workdir)]
+        common = ["--n", str(args.n), "--warmup", str(args.warmup), "--dir", str(work)]
 
         def ours_url(backend: str, k: int) -> str:
-            return {"local": str(workdir / "local-store"),
-                    "sqlite": f"sqlite:///{workdir / 'sqlite-store' / 'journal.db'}",
+            return {"local": str(work / "local-store"),
+                    "sqlite": f"sqlite:///{work / 'sqlite-store' / 'journal.db'}",
                     "postgres": f"{dsn}?table=bench_journal&create_schema=1&lease_ttl_ms=30000",
                     "s3": f"s3://bench/ours?{s3_opts}",
                     "http": http_url or ""}[backend]
@@ -345,10 +297,11 @@ def main() -> int:
             label = name.split(":", 1)[1] if ":" in name else name
             pf = result.get("paired_floor")
             load = result.get("loadavg_end")
-            say(f"  round {k + 1} {label:<15} " + (f"[load {load[0]:4.1f}] " if load else "") + (f"median {fmt_us(st.get('median_us')):>8}  p99 {fmt_us(st.get('p99_us')):>8}"
-                                                   + (f"   (floor in the same process: median {fmt_us(pf['median_us'])}, "
-                                                      f"p99 {fmt_us(pf['p99_us'])})" if pf else "")
-                                                   if "error" not in result else f"ERROR {result['error']}"))
+            say(f"  round {k + 1} {label:<15} " + (f"[load {load[0]:4.1f}] " if load else "")
+                + (f"median {fmt_us(st.get('median_us')):>8}  p99 {fmt_us(st.get('p99_us')):>8}"
+                   + (f"   (floor in the same process: median {fmt_us(pf['median_us'])}, "
+                      f"p99 {fmt_us(pf['p99_us'])})" if pf else "")
+                   if "error" not in result else f"ERROR {result['error']}"))
 
         for k in range(args.rounds):
             flip = k % 2 == 1
@@ -373,7 +326,8 @@ def main() -> int:
                     if "langgraph" in wanted:
                         pair.append(("lg_pg:lg_pg", ["--dsn", lg_dsn, "--tag", f"r{k}"], True))
                     if "dbos" in wanted:
-                        pair.append(("dbos_pg:dbos_pg", ["--dsn", create_database(dsn, f"bench_dbos_r{k}"), "--tag", f"r{k}"], True))
+                        pair.append(("dbos_pg:dbos_pg", ["--dsn", create_database(dsn, f"bench_dbos_r{k}"), "--tag", f"r{k}"],
+                                     True))
                 pairs.append(list(reversed(pair)) if flip and len(pair) > 1 else pair)
                 if not args.no_paired and backend in wanted:
                     pairs.append([paired_job])
@@ -422,7 +376,8 @@ def main() -> int:
             paired = None
             if pr:
                 po, pf = summary(pooled(pr)), summary([x for r in pr for x in r["paired_floor_us"]])
-                paired = {"ours": po, "floor": pf, "ratio": po["median_us"] / pf["median_us"], "floor_what": pr[0]["paired_floor"]["what"],
+                paired = {"ours": po, "floor": pf, "ratio": po["median_us"] / pf["median_us"],
+                          "floor_what": pr[0]["paired_floor"]["what"],
                           "per_round_ratios": [r["stats"]["median_us"] / r["paired_floor"]["median_us"] for r in pr]}
                 summary_out[backend]["paired"] = paired
             if paired:
@@ -430,8 +385,9 @@ def main() -> int:
                 verdicts[backend]["paired_pass"] = paired["ratio"] <= TARGET
             rows.append([backend, fmt_us(o["median_us"]), fmt_us(o["p99_us"]), fmt_us(f["median_us"]), f"{ratio:.2f}x",
                          "PASS" if ok else "MISS",
-                         f"{fmt_us(paired['ours']['median_us'])} / {fmt_us(paired['floor']['median_us'])} = {paired['ratio']:.2f}x"
-                         if paired else "-", ("PASS" if paired["ratio"] <= TARGET else "MISS") if paired else "-"])
+                         f"{fmt_us(paired['ours']['median_us'])} / {fmt_us(paired['floor']['median_us'])} "
+                         f"= {paired['ratio']:.2f}x" if paired else "-",
+                         ("PASS" if paired["ratio"] <= TARGET else "MISS") if paired else "-"])
             if backend == "sqlite" and summ("floor_sqlite"):
                 fs = summ("floor_sqlite")
                 summary_out["sqlite"]["vs_bare_sqlite"] = {"floor": fs, "ratio": o["median_us"] / fs["median_us"]}
@@ -457,7 +413,7 @@ def main() -> int:
         if misses and not args.no_profile:
             say("\nprofiling the backends that missed (one more process each, under cProfile) ...")
             for backend in misses:
-                path = HERE / "results" / f"stores_profile_{backend}.txt"
+                path = args.out.parent / f"stores_profile_{backend}.txt"
                 path.parent.mkdir(parents=True, exist_ok=True)
                 k = args.rounds
                 result = runner("ours", "--url", ours_url(backend, k), "--run-id", f"bench-{backend}-profile",
@@ -474,7 +430,8 @@ def main() -> int:
         say("")
         for backend in BACKENDS:
             if backend in summary_out:
-                say(f"floor for {backend:<8}: {floor_label[floors[backend]]}; p99 {fmt_us(summary_out[backend]['floor']['p99_us'])}; "
+                say(f"floor for {backend:<8}: {floor_label[floors[backend]]}; "
+                    f"p99 {fmt_us(summary_out[backend]['floor']['p99_us'])}; "
                     f"ratio per round: {', '.join(f'{x:.2f}x' for x in summary_out[backend]['per_round_ratios'])}")
         if "sqlite" in summary_out and "vs_bare_sqlite" in summary_out["sqlite"]:
             say(f"bare SQLite commit: {floor_label['floor_sqlite']}; p99 "
@@ -501,12 +458,13 @@ def main() -> int:
             ok = [r for r in raw.get(f"ours_{backend}", []) if "stats" in r]
             if not ok:
                 continue
-            med = lambda f: statistics.median(f(r) for r in ok)  # noqa: E731
-            part = lambda name: med(lambda r: r["parts"].get(name, {}).get("median_us") or 0.0)  # noqa: E731
+            med = lambda f, ok=ok: statistics.median(f(r) for r in ok)  # noqa: E731
+            part = lambda name, med=med: med(lambda rec: rec["parts"].get(name, {}).get("median_us") or 0.0)  # noqa: E731
             prow.append([backend, fmt_us(summary_out.get(backend, {}).get("ours", {}).get("median_us")),
                          fmt_us(part("store.append")), f"{fmt_us(part('io'))} ({ok[0]['io_name']})",
                          fmt_us(part("append - io")), fmt_us(part("outside store.append")),
-                         f"{fmt_us(med(lambda r: r['cpu_user_us_per_ckpt']))} + {fmt_us(med(lambda r: r['cpu_sys_us_per_ckpt']))}",
+                         f"{fmt_us(med(lambda r: r['cpu_user_us_per_ckpt']))} + "
+                         f"{fmt_us(med(lambda r: r['cpu_sys_us_per_ckpt']))}",
                          f"{med(lambda r: r['durable_open_s']) * 1e3:.1f} ms", f"{med(lambda r: r['close_s']) * 1e3:.1f} ms"])
         if prow:
             say(table(["backend", "checkpoint", "store.append", "I/O inside it (what)", "append - I/O", "outside append",
@@ -545,7 +503,7 @@ def main() -> int:
             per_ckpt = result["loop_s"] / args.n * 1e6
             waits = [e for e in top if e["tottime_us_per_ckpt"] > 0.3 * per_ckpt]
             say(f"\ncProfile of ours on {backend} (a MISS above): {per_ckpt:.0f} us per checkpoint under the profiler "
-                f"(mean); full listing: benchmarks/results/stores_profile_{backend}.txt")
+                f"(mean); full listing: {args.out.parent / f'stores_profile_{backend}.txt'}")
             for e in waits:
                 say(f"  waiting: {e['tottime_us_per_ckpt']:8.1f} us  {e['function']}")
             say("  the rest, by own time (us per checkpoint, inflated by the profiler):")
@@ -558,20 +516,15 @@ def main() -> int:
         notes["wall_s"] = time.perf_counter() - started
         for r in raw.get("floor_pg", [])[:1]:
             notes["postgres_settings"] = r.get("settings")
-            say(f"\npostgres: " + ", ".join(f"{k}={v}" for k, v in (r.get("settings") or {}).items()))
-        out = write_json(args.out, {"notes": notes, "target_ratio": TARGET, "summary": summary_out, "verdicts": verdicts,
-                                    "profiles": profiles, "raw": raw}, indent=1)
-        say(f"raw numbers (every sample): {out}")
-        say(f"wall time {notes['wall_s']:.0f} s; load average {notes['loadavg_start'][0]:.2f} at start, "
-            f"{notes['loadavg_end'][0]:.2f} at end")
+            say("\npostgres: " + ", ".join(f"{k}={v}" for k, v in (r.get("settings") or {}).items()))
+        say(f"\nwall time {notes['wall_s']:.0f} s; load average {fmt_load(notes['loadavg_start'])} at start, "
+            f"{fmt_load(notes['loadavg_end'])} at end")
+        save_results(args.out, {"notes": notes, "target_ratio": TARGET, "summary": summary_out, "verdicts": verdicts,
+                                "profiles": profiles, "raw": raw})
     except KeyboardInterrupt:
         say("interrupted: stopping servers")
     finally:
         servers.stop()
-        if args.keep:
-            say(f"kept {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
 

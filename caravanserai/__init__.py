@@ -11,6 +11,8 @@ from . import _moved
 from ._version import __version__
 from .agents.agent import Agent, DiskDurableStore, Durable, RunResult, Tool, agent, run, tool
 from .calls.journaled import current_idempotency_key
+from .calls.ledger import Budget, Receipt
+from .calls.models import Model, ModelResponse, OpenAICompatibleModel, auto
 from .checkpoints.agent import DurableAgent
 from .errors import (
     AgentMismatch,
@@ -27,17 +29,21 @@ from .errors import (
     ConversationMismatch,
     DefinitionChanged,
     DurableOptionConflict,
+    ForeignLease,
     HttpInsecure,
     HttpTokenRequired,
     HttpUnauthorized,
     IdentityMismatch,
     InputMismatch,
     InvalidInput,
+    InvalidObjectKey,
+    InvalidPutMode,
     InvalidRunId,
     InvalidStoreUrl,
     ItemsChanged,
     JournalCorruptionError,
     LeaseLost,
+    LeaseTtlInvalid,
     MaxTurnsExceeded,
     MissingExtra,
     ModelError,
@@ -47,11 +53,13 @@ from .errors import (
     ObjectConditionalPutRequired,
     ObjectLeaseTtlInvalid,
     ObjectNotFound,
+    ObjectPreconditionFailed,
     ResumeError,
     RunClosed,
     RunError,
     RunLocked,
     RunNotFound,
+    SequenceMismatch,
     SerializationError,
     SessionMismatch,
     StoreError,
@@ -65,18 +73,28 @@ from .errors import (
     UsageError,
     ValueRestoreError,
 )
+from .runs.api import checkpoint, clean, complete, history, last_updated, load_command, load_latest, resumable
 from .runs.iterate import resumable_iterate
-from .calls.ledger import Budget, Receipt
-from .calls.models import Model, ModelResponse, OpenAICompatibleModel, auto
-from .runs.snapshots import trust_store
-from .runs.openai_client import durable_client
 from .runs.lifecycle import current_run, durable
+from .runs.openai_client import durable_client
 from .runs.run import Run, Waypoint
 from .runs.settle import settle
-from .stores import LocalDirectoryStore, LocalStore, MemoryStore, ObjectStore, Store, open_store
+from .runs.snapshots import trust_store
 from .runs.summary import input_is_replayable, run_summary
 from .runs.values import allow_class
-from .runs.api import checkpoint, clean, complete, history, last_updated, load_command, load_latest, resumable
+from .runs.view import RunView, inspect_run
+from .stores import (
+    IfVersion,
+    LocalDirectoryStore,
+    LocalObjects,
+    LocalStore,
+    MemoryObjects,
+    MemoryStore,
+    Objects,
+    ObjectStore,
+    Store,
+    open_store,
+)
 
 __all__ = [
     "Agent",
@@ -98,20 +116,27 @@ __all__ = [
     "Durable",
     "DurableAgent",
     "DurableOptionConflict",
+    "ForeignLease",
     "HttpInsecure",
     "HttpTokenRequired",
     "HttpUnauthorized",
     "IdentityMismatch",
+    "IfVersion",
     "InputMismatch",
     "InvalidInput",
+    "InvalidObjectKey",
+    "InvalidPutMode",
     "InvalidRunId",
     "InvalidStoreUrl",
     "ItemsChanged",
     "JournalCorruptionError",
     "LeaseLost",
+    "LeaseTtlInvalid",
     "LocalDirectoryStore",
+    "LocalObjects",
     "LocalStore",
     "MaxTurnsExceeded",
+    "MemoryObjects",
     "MemoryStore",
     "MissingExtra",
     "Model",
@@ -123,7 +148,9 @@ __all__ = [
     "ObjectConditionalPutRequired",
     "ObjectLeaseTtlInvalid",
     "ObjectNotFound",
+    "ObjectPreconditionFailed",
     "ObjectStore",
+    "Objects",
     "OpenAICompatibleModel",
     "Receipt",
     "ResumeError",
@@ -133,6 +160,8 @@ __all__ = [
     "RunLocked",
     "RunNotFound",
     "RunResult",
+    "RunView",
+    "SequenceMismatch",
     "SerializationError",
     "SessionMismatch",
     "Store",
@@ -160,6 +189,7 @@ __all__ = [
     "durable_client",
     "history",
     "input_is_replayable",
+    "inspect_run",
     "last_updated",
     "load_command",
     "load_ipython_extension",

@@ -13,8 +13,9 @@ import importlib.abc
 import importlib.util
 import sys
 import warnings
+from collections.abc import Sequence
+from importlib.machinery import ModuleSpec
 from types import ModuleType
-from typing import Sequence
 
 MOVED: dict[str, str] = {
     "caravanserai.ckpt_format": "caravanserai.checkpoints.format",
@@ -43,19 +44,27 @@ MOVED: dict[str, str] = {
 class MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """A finder for the old paths in ``MOVED``: the loader hands back the module at its new path."""
 
+    def __init__(self) -> None:
+        self._specs: dict[str, ModuleSpec | None] = {}
+
     def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None):
         if fullname not in MOVED:
             return None
         return importlib.util.spec_from_loader(fullname, self)
 
-    def create_module(self, spec) -> ModuleType:  # type: ignore[no-untyped-def]
+    def create_module(self, spec: ModuleSpec) -> ModuleType:
         new = MOVED[spec.name]
         warnings.warn(f"{spec.name} moved to {new}; the old path goes away in the next release",
                       DeprecationWarning, stacklevel=2)
-        return importlib.import_module(new)
+        module = importlib.import_module(new)
+        self._specs[new] = module.__spec__
+        return module
 
     def exec_module(self, module: ModuleType) -> None:
-        pass  # already executed under its new name
+        # Already executed under its new name; the import system just gave it the old path's spec:
+        # give its own back, so its relative imports keep resolving against its real package.
+        module.__spec__ = self._specs.get(module.__name__, module.__spec__)
+        module.__loader__ = module.__spec__.loader if module.__spec__ is not None else None
 
 
 def install() -> None:

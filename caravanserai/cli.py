@@ -14,59 +14,24 @@ import shlex
 import subprocess
 import sys
 import time
-from typing import Any, NoReturn, Sequence
+from collections.abc import Sequence
+from typing import Any, NoReturn, cast
 
 from ._version import __version__
-from .errors import CaravanseraiError, ResumeError, RunNotFound, UsageError
-from .runs.settle import settle
-from .calls.ledger import Ledger
-from .runs.lifecycle import read_events, require_events
-from .runs.summary import run_summary
-from .stores import ENV_VAR, open_store
-from .runs.api import clean, readable_run_id
 from .cli_checkpoints import add_checkpoint_commands
+from .errors import CaravanseraiError, ResumeError, RunNotFound, UsageError
+from .runs.api import clean, readable_run_id
+from .runs.lifecycle import read_events, require_events
+from .runs.settle import settle
+from .runs.view import AttemptView, RunView, inspect_run
+from .stores import ENV_VAR, open_store
 
 __all__ = ["main", "summarize"]
 
 
 def summarize(run_id: str, events: Sequence[dict]) -> dict[str, Any]:
-    """What a person wants to know about a run, from its events alone."""
-    waypoints = [e for e in events if e["type"] == "waypoint"]
-    last = next((e for e in reversed(waypoints) if "state" in e), None)
-    summary = run_summary(events)
-    status = summary["status"]
-    progress: dict[int, int] = {}
-    for event in events:
-        if event["type"] == "progress":
-            progress[event.get("loop", 0)] = event.get("done", 0)
-    started = events[0] if events else {}
-    attempts = sum(1 for e in events if e["type"] in ("run_started", "attempt"))
-    if status == "pending" and started.get("imported_from") and attempts == 1:
-        status = "unknown"  # 0.2.0 never recorded whether a run finished
-    checkpoints = None
-    if any(e["type"] == "checkpoint_committed" for e in events):
-        from .checkpoints.log import log_status
-
-        checkpoints = log_status(events)
-        if checkpoints is not None and status == "pending":
-            status = checkpoints["status"]  # a DurableAgent run: done when its newest checkpoint ran every step
-    return {
-        "run_id": run_id,
-        "status": status,
-        "attempts": attempts,
-        "waypoints": waypoints[-1].get("n", 0) if waypoints else 0,
-        "latest": None if last is None else {"n": last["n"], "note": last.get("note", ""), "state": last["state"], "at": last["at"]},
-        "items_done": progress,
-        "checkpoints": checkpoints,
-        "started_at": started.get("at"),
-        "updated_at": events[-1]["at"] if events else None,
-        "command": started.get("command"),
-        "cwd": started.get("cwd"),
-        "imported_from": started.get("imported_from"),
-        "events": len(events),
-        "receipt": Ledger(run_id, events, max(1, attempts)).receipt().to_dict(),
-        "summary": summary,
-    }
+    """What a person wants to know about a run, from its events alone (``RunView.as_summary()``)."""
+    return RunView.from_events(run_id, events).as_summary()
 
 
 def _age(seconds: float | None) -> str:
@@ -88,7 +53,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     rows = []
     for run_id in store.list():
         try:
-            row = summarize(run_id, read_events(run_id, store))
+            row = RunView.from_events(run_id, read_events(run_id, store)).as_summary()
         except CaravanseraiError as exc:  # one damaged run must not hide the others
             row = {"run_id": run_id, "status": "damaged", "error": {"code": exc.code, "message": exc.message}}
         updated = store.last_updated(run_id)
@@ -114,58 +79,89 @@ def _progress(row: dict) -> str:
     return f"{row['waypoints']} waypoint(s)"
 
 
-def _format_waypoint(event: dict) -> str:
-    return f"waypoint {event['n']}\n\n{event.get('note', '')}\n\nstate: {json.dumps(event.get('state'), ensure_ascii=False)}"
+def _format_waypoint(n: int, note: str, state: Any) -> str:
+    return f"waypoint {n}\n\n{note}\n\nstate: {json.dumps(state, ensure_ascii=False)}"
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     store = open_store(args.store)
-    run_id = readable_run_id(args.run_id, store)
-    events = require_events(run_id, store)
-    store.refresh_views(run_id, events)
-    summary = summarize(run_id, events)
+    view = inspect_run(args.run_id, store)
+    run_id = view.run_id
+    store.refresh_views(run_id, view.raw_events())
+    summary = view.as_summary()
     if args.json:
+        summary["attempt_history"] = [_attempt_dict(a) for a in view.attempts]
         if args.all:
             summary["history"] = [
-                {"n": e["n"], "note": e.get("note", ""), "at": e["at"], **({"state": e["state"]} if "state" in e else {})}
-                for e in events if e["type"] == "waypoint"
+                {"n": w.n, "note": w.note, "at": w.at, **({"state": view.state(w)} if w.has_state else {})}
+                for w in view.waypoints
             ]
         _print_json(summary)
         return 0
-    waypoints = [e for e in events if e["type"] == "waypoint"]
     if args.all:
-        blocks = [_format_waypoint(e) if "state" in e else f"waypoint {e['n']}\n\n{e.get('note', '')}" for e in waypoints]
+        blocks = [_format_waypoint(w.n, w.note, view.state(w)) if w.has_state else f"waypoint {w.n}\n\n{w.note}"
+                  for w in view.waypoints]
         print(("\n\n" + "-" * 40 + "\n\n").join(blocks))
-    elif summary["latest"] is not None:
-        print(_format_waypoint(next(e for e in reversed(waypoints) if "state" in e)))
+    elif view.latest is not None:
+        print(_format_waypoint(view.latest.n, view.latest.note, view.state(view.latest)))
     for loop, done in sorted(summary["items_done"].items()):
         print(f"\nitems done: {done} (resumable_iterate loop {loop})")
-    checkpoints = summary["checkpoints"]
+    checkpoints = view.checkpoints
     if checkpoints:
-        origin = events[0].get("forked_from")
-        print(f"checkpoints: {checkpoints['checkpoints']} committed; latest {checkpoints['latest'][:12]}, "
-              f"steps done {checkpoints['steps_done']}/{checkpoints['steps']}"
-              + (f"; forked from run {origin['run_id']!r} at {origin['checkpoint_id'][:12]}" if origin else ""))
-    receipt = summary["receipt"]
-    if receipt["calls"] or summary["summary"].get("agent_id") or summary["status"] == "failed":
-        text = _format_run(summary)
-        print(text if waypoints or summary["items_done"] else text.lstrip("\n"))
-    elif summary["latest"] is None and not summary["items_done"] and not checkpoints:
+        origin = view.parent
+        where = ""
+        if origin is not None:
+            point = origin.checkpoint_id[:12] if origin.checkpoint_id else f"event {origin.seq}"
+            where = f"; forked from run {origin.run_id!r} at {point}"
+        print(f"checkpoints: {checkpoints.checkpoints} committed; latest {(checkpoints.latest or '?')[:12]}, "
+              f"steps done {checkpoints.steps_done}/{checkpoints.steps}" + where)
+    attempts = _format_attempts(view) if view.own_attempts > 1 else ""
+    if view.receipt.calls or view.agent_id or view.status == "failed":
+        text = _format_run(view) + attempts
+        print(text if view.waypoints or view.loops else text.lstrip("\n"))
+    elif args.all and attempts:
+        print(attempts)
+    elif view.latest is None and not view.loops and not checkpoints:
         print(f"run {run_id!r} has no waypoints yet")
     return 0
 
 
-def _format_run(summary: dict) -> str:
+def _attempt_dict(attempt: AttemptView) -> dict[str, Any]:
+    return {"attempt": attempt.number, "started_at": attempt.started_at, "end": attempt.end,
+            "ended_at": attempt.ended_at, "last_event_at": attempt.last_event_at,
+            **({"code": attempt.code, "message": attempt.message} if attempt.end == "failed" else {})}
+
+
+def _format_attempts(view: RunView) -> str:
+    """How each attempt ended (``show`` of a run resumed at least once)."""
+    lines = ["\nattempts:"]
+    for a in view.attempts:
+        how = {
+            "completed": f"completed at {a.ended_at}",
+            "failed": f"failed at {a.ended_at}: {a.code}: {a.message}",
+            "interrupted": f"interrupted at {a.ended_at}" + (f": {a.message}" if a.message else ""),
+            "killed": f"killed: no end recorded (last event {a.last_event_at})",
+            "open": f"open: running, or killed and not resumed yet (last event {a.last_event_at})",
+            "imported": f"imported from {view.imported_from or 'an older caravanserai'} (how it ended was not recorded)",
+        }.get(a.end, a.end)
+        lines.append(f"  {a.number}. started {a.started_at}: {how}")
+    return "\n".join(lines)
+
+
+def _format_run(view: RunView) -> str:
     """Status, result and receipt of a run that made journaled calls (after the 0.2.0 block)."""
-    status, receipt = summary["summary"], summary["receipt"]
-    lines = [f"\nstatus: {status['status']} (attempt{'s' if status.get('attempts', 1) != 1 else ''}: {status.get('attempts')})"]
-    if status["status"] == "completed" and status.get("result") is not None:
-        lines.append(f"result: {json.dumps(status['result'], ensure_ascii=False)}")
-    if status["status"] == "failed":
-        lines.append(f"failed: {status.get('code')}: {status.get('message')}")
-    usd = f"${receipt['estimated_usd']:.6f}" + (" + unpriced calls" if receipt["unpriced"] else "")
-    if receipt["calls"]:
-        lines.append(f"receipt: {len(receipt['calls'])} call(s), {receipt['tokens']} tokens, {usd} ({receipt['label']})")
+    status, receipt = view.status, view.receipt
+    count = len(view.attempts)
+    lines = [f"\nstatus: {status} (attempt{'s' if count != 1 else ''}: {count})"]
+    if status == "completed" and view.result is not None:
+        lines.append(f"result: {json.dumps(view.result, ensure_ascii=False)}")
+    if status == "failed":
+        failed = next((a for a in reversed(view.attempts) if a.end == "failed"), None)
+        code, message = (failed.code, failed.message) if failed else (view.summary.get("code"), view.summary.get("message"))
+        lines.append(f"failed: {code}: {message}")
+    usd = f"${receipt.estimated_usd:.6f}" + (" + unpriced calls" if receipt.unpriced else "")
+    if receipt.calls:
+        lines.append(f"receipt: {len(receipt.calls)} call(s), {receipt.tokens} tokens, {usd} ({receipt.label})")
     return "\n".join(lines)
 
 
@@ -205,8 +201,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
         events = require_events(run_id, store)
     except RunNotFound:
         raise RunNotFound(f"no checkpoints for run {run_id!r} - nothing to resume", run_id=run_id) from None
-    summary = summarize(run_id, events)
-    if summary["status"] == "completed" and not args.force:
+    if RunView.from_events(run_id, events).status == "completed" and not args.force:
         raise ResumeError(
             f"run {run_id!r} already completed at {events[-1]['at']}; nothing to resume (use --force to run it again)",
             run_id=run_id,
@@ -219,7 +214,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
             run_id=run_id,
         )
     started = launches[0]  # the first recorded launch (a 0.1.x run gets one when we first write it)
-    command = started.get("orig_argv") or started.get("command")
+    command = cast("list[str]", started.get("orig_argv") or started.get("command"))  # launches all have one
     cwd = started.get("cwd")
     if cwd is not None and not os.path.isdir(cwd):
         raise ResumeError(f"run {run_id!r} was launched in {cwd!r}, which no longer exists; re-run it by hand", run_id=run_id)
@@ -238,8 +233,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .stores.http_service import serve
     from .stores import default_store_url
+    from .stores.http_service import serve
 
     serve(args.backing or args.store or default_store_url(), host=args.host, port=args.port, token=args.token,
           ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile)
@@ -267,7 +262,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     for run_id in runs:
         try:
             events = require_events(run_id, store)
-            Ledger(run_id, events, 1)  # revalidates money and token figures
+            RunView.from_events(run_id, events)  # revalidates money and token figures
             torn = store.torn_tail(run_id)
             note = (f" (a torn last line of {torn} bytes was dropped: a writer was killed mid-append; the next writer "
                     "removes it)") if torn else ""

@@ -15,8 +15,8 @@ import os
 from typing import Any
 
 from .errors import RunNotFound, UsageError
-from .stores import open_store
 from .runs.api import readable_run_id
+from .stores import open_store
 
 __all__ = ["add_checkpoint_commands"]
 
@@ -26,8 +26,8 @@ def _print_json(value: Any) -> None:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from .checkpoints.log import checkpoint_from_file_or_log
     from .checkpoints.agent import DurableAgent
+    from .checkpoints.log import checkpoint_from_file_or_log
 
     store = open_store(args.store) if not os.path.isfile(args.target) else None
     run_id = readable_run_id(args.run, store) if args.run and store is not None else args.run
@@ -69,7 +69,8 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     for tip, chain in chains.items():
         print(f"lineage of {tip[:12]}:")
         for rec in chain:
-            fork = f"  fork {rec['fork']['node_id']} = {json.dumps(rec['fork']['value'], ensure_ascii=False)}" if rec["fork"] else ""
+            fork = (f"  fork {rec['fork']['node_id']} = {json.dumps(rec['fork']['value'], ensure_ascii=False)}"
+                    if rec["fork"] else "")
             where = f" (run {rec['run_id']})" if rec["run_id"] != log.run_id else ""
             step = "step   -" if rec["step"] is None else f"step {rec['step']:>3}"
             print(f"  {rec['id'][:12]}  {step}  {rec['kind']:<5} depth {rec['depth']:>2}  "
@@ -86,7 +87,8 @@ def cmd_fork(args: argparse.Namespace) -> int:
         try:
             value = json.loads(args.value)
         except ValueError:
-            raise UsageError(f"--json-value given but {args.value[:60]!r} is not JSON; quote it, e.g. '[1, 2]' or '\"text\"'") from None
+            raise UsageError(f"--json-value given but {args.value[:60]!r} is not JSON; "
+                             "quote it, e.g. '[1, 2]' or '\"text\"'") from None
     log = CheckpointLog(store, readable_run_id(args.run_id, store))
     new_id = log.fork(args.checkpoint, args.node, value, new_run_id=args.new_run)
     print(new_id)

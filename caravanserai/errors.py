@@ -9,17 +9,23 @@ The tree (codes in parentheses)::
     │   ├── InvalidRunId                   (invalid_run_id)
     │   ├── InvalidStoreUrl                (invalid_store_url)      a store URL or option this version does not understand
     │   ├── UnknownStoreScheme             (unknown_store_scheme)
-    │   └── SerializationError             (serialization_error)    a state or value JSON cannot hold
+    │   ├── SerializationError             (serialization_error)    a state or value JSON cannot hold
+    │   ├── InvalidObjectKey               (invalid_object_key)     not a plain relative /-path
+    │   └── InvalidPutMode                 (invalid_put_mode)       not "overwrite", "create" or IfVersion
     ├── StoreError                         (store_error)            a store, its journal or its leases
     │   ├── StoreUnavailable               (store_unavailable)      cannot be reached or opened
     │   │   └── StoreFull                  (store_full)             disk, quota or file-size limit; nothing half-written
     │   ├── MissingExtra                   (missing_extra)          a backend needs `pip install ...`
     │   ├── RunLocked                      (run_locked)             another live writer holds the run
     │   ├── LeaseLost                      (lease_lost)             this writer's lease is gone (fenced)
+    │   ├── SequenceMismatch               (seq_mismatch)           an append not at the journal's next seq
+    │   ├── ForeignLease                   (foreign_lease)          a lease on another run or store
     │   ├── JournalCorruptionError         (journal_corruption)     damaged, foreign or tampered journal
     │   ├── ObjectNotFound                 (object_not_found)       object face: no such key
+    │   ├── ObjectPreconditionFailed       (object_precondition_failed) a create-only or CAS put lost
     │   ├── ObjectConditionalPutRequired   (durable_object_conditional_put_required)
-    │   ├── ObjectLeaseTtlInvalid          (durable_object_lease_ttl_invalid) lease_ttl_ms below the minimum
+    │   ├── LeaseTtlInvalid                (lease_ttl_invalid)      lease_ttl_ms below the one minimum
+    │   │   └── ObjectLeaseTtlInvalid      (durable_object_lease_ttl_invalid) the seed's name, object storage
     │   ├── HttpInsecure                   (durable_http_insecure)  an http:// journal URL outside localhost
     │   ├── HttpTokenRequired              (durable_http_token_required)
     │   └── HttpUnauthorized               (durable_http_unauthorized) the service refused the token
@@ -81,17 +87,21 @@ __all__ = [
     "ConversationMismatch",
     "DefinitionChanged",
     "DurableOptionConflict",
+    "ForeignLease",
     "HttpInsecure",
     "HttpTokenRequired",
     "HttpUnauthorized",
     "IdentityMismatch",
     "InputMismatch",
     "InvalidInput",
+    "InvalidObjectKey",
+    "InvalidPutMode",
     "InvalidRunId",
     "InvalidStoreUrl",
     "ItemsChanged",
     "JournalCorruptionError",
     "LeaseLost",
+    "LeaseTtlInvalid",
     "MaxTurnsExceeded",
     "MissingExtra",
     "ModelError",
@@ -101,11 +111,13 @@ __all__ = [
     "ObjectConditionalPutRequired",
     "ObjectLeaseTtlInvalid",
     "ObjectNotFound",
+    "ObjectPreconditionFailed",
     "ResumeError",
     "RunClosed",
     "RunError",
     "RunLocked",
     "RunNotFound",
+    "SequenceMismatch",
     "SerializationError",
     "SessionMismatch",
     "StoreError",
@@ -189,6 +201,18 @@ class SerializationError(InvalidInput):
     code = "serialization_error"
 
 
+class InvalidObjectKey(InvalidInput):
+    """An object key that is not a plain relative ``/``-path."""
+
+    code = "invalid_object_key"
+
+
+class InvalidPutMode(InvalidInput):
+    """A put mode other than ``"overwrite"``, ``"create"`` or ``IfVersion(version)``."""
+
+    code = "invalid_put_mode"
+
+
 class StoreError(CaravanseraiError):
     code = "store_error"
 
@@ -207,14 +231,29 @@ class MissingExtra(StoreError, ImportError):
 
 class RunLocked(StoreError):
     code = "run_locked"
+    holder: Any  # field: the holder's description (a dict), where the raiser knows it
 
 
 class LeaseLost(StoreError):
     code = "lease_lost"
 
 
+class SequenceMismatch(StoreError, ValueError):
+    """An append at a seq that is not the journal's next one (field ``expected``); nothing written."""
+
+    code = "seq_mismatch"
+    expected: int  # field: the journal's next seq
+
+
+class ForeignLease(StoreError, ValueError):
+    """An append with a lease on another run or from another store; nothing written."""
+
+    code = "foreign_lease"
+
+
 class JournalCorruptionError(StoreError):
     code = "journal_corruption"
+    line: int | None  # field: the damaged line's number, where there is one
 
 
 class ObjectNotFound(StoreError, KeyError):
@@ -224,11 +263,27 @@ class ObjectNotFound(StoreError, KeyError):
         return self.message
 
 
+class ObjectPreconditionFailed(StoreError):
+    """A create-only or compare-and-swap put whose condition did not hold (field ``key``); nothing written."""
+
+    code = "object_precondition_failed"
+    key: str  # field: the object's key
+
+
 class ObjectConditionalPutRequired(StoreError):
     code = "durable_object_conditional_put_required"
 
 
-class ObjectLeaseTtlInvalid(StoreError, ValueError):
+class LeaseTtlInvalid(StoreError, ValueError):
+    """A lease TTL below the one minimum (``caravanserai.stores.leases.MIN_TTL_MS``), from any backend."""
+
+    code = "lease_ttl_invalid"
+
+
+
+class ObjectLeaseTtlInvalid(LeaseTtlInvalid):
+    """The seed's name for an object store's too-short lease."""
+
     code = "durable_object_lease_ttl_invalid"
 
 
@@ -302,6 +357,7 @@ class BudgetExceeded(CallError):
 
 class ToolFailed(CallError):
     code = "tool_failed"
+    detail: str  # field: what the tool raised, as "Type: message"
 
 
 class ToolEffectUncertain(CallError):
@@ -378,4 +434,3 @@ class SessionMismatch(IdentityMismatch):
 
 class ConversationMismatch(IdentityMismatch):
     code = "durable_conversation_mismatch"
-

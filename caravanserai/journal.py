@@ -21,9 +21,10 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from .errors import JournalCorruptionError, SerializationError
 
@@ -151,6 +152,7 @@ def check_text(text: str, what: str) -> None:
         ) from None
 
 
+_fast_loads: Callable[[str], Any]
 try:  # orjson parses ~2x faster; the journal is strict JSON, so both parsers agree
     from orjson import loads as _fast_loads
 except ImportError:  # pragma: no cover - orjson is optional
@@ -183,7 +185,8 @@ def decode(run_id: str, lines: Sequence[str], *, start: int = 0, tail: Tail | No
         try:
             record = _loads(line)
         except (ValueError, TypeError) as exc:
-            raise _corrupt(run_id, index, f"journal of run {run_id!r}, line {index + 1} is not JSON ({exc.__class__.__name__})") from None
+            raise _corrupt(run_id, index,
+                           f"journal of run {run_id!r}, line {index + 1} is not JSON ({exc.__class__.__name__})") from None
         if not (type(record) is dict and record.get("seq") == seq and record.get("prev") == prev
                 and type(record.get("v")) is int and record["v"] <= FORMAT_VERSION and type(record.get("type")) is str):
             _explain_bad_record(run_id, index, record, seq, prev)
@@ -202,7 +205,8 @@ def _explain_bad_record(run_id: str, index: int, record: Any, seq: int, prev: st
         raise _corrupt(run_id, index, f"{where} has no format version 'v' (a foreign journal?)")
     if version > FORMAT_VERSION:
         raise _corrupt(run_id, index,
-                       f"{where} uses journal format v{version}, newer than this caravanserai (v{FORMAT_VERSION}): upgrade caravanserai")
+                       f"{where} uses journal format v{version}, "
+                       f"newer than this caravanserai (v{FORMAT_VERSION}): upgrade caravanserai")
     if record.get("seq") != seq:
         raise _corrupt(run_id, index, f"{where} has seq {record.get('seq')!r}, expected {seq} (a line is missing or reordered)")
     raise _corrupt(run_id, index, f"{where} does not chain to the line before it (edited, reordered or spliced)")

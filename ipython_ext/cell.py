@@ -23,8 +23,8 @@ from caravanserai.cli import ArgumentParser
 from caravanserai.errors import CellChanged, RunNotFound
 from caravanserai.errors import UsageError as CaravanseraiUsageError
 from caravanserai.journal import digest
-from caravanserai.runs.snapshots import Snapshotter
 from caravanserai.runs.lifecycle import RunScope, open_checked, read_events
+from caravanserai.runs.snapshots import Snapshotter
 from caravanserai.stores import open_store
 
 OUTPUT_LIMIT = 64 * 1024
@@ -147,7 +147,7 @@ class CellRun:
         return self.result
 
     # ---- the with block ----------------------------------------------------------------------
-    def __enter__(self) -> "CellRun":
+    def __enter__(self) -> CellRun:
         if self.help:
             self.execute = False
             return self
@@ -275,7 +275,8 @@ def _prepare_fork(store: Any, source_run: str, new_run: str, definition: str, ce
         return
     everything = read_events(source_run, store)
     if not everything:
-        raise RunNotFound(f"cannot fork run {source_run!r}: it does not exist in {store.url}; check the id with %caravanserai list", run_id=source_run)
+        raise RunNotFound(f"cannot fork run {source_run!r}: it does not exist in {store.url}; "
+                          "check the id with %caravanserai list", run_id=source_run)
     restart = max((i for i, e in enumerate(everything) if e["type"] == "restarted"), default=-1)
     events = everything[restart + 1:]  # only the current attempt's state counts after a --restart
     waypoint = next((e for e in reversed(events) if e["type"] == "waypoint" and "state" in e), None)
@@ -288,7 +289,8 @@ def _prepare_fork(store: Any, source_run: str, new_run: str, definition: str, ce
             loop["done"] = event.get("done", len(loop["items"]))
     copied: list[dict] = [{"type": "waypoint", "n": 1, "note": f"forked from {source_run}",
                            "state": waypoint.get("state") if waypoint else None}]
-    copied += [{"type": "progress", "loop": loop, "done": info["done"], "items": info["items"], "note": f"forked from {source_run}"}
+    copied += [{"type": "progress", "loop": loop, "done": info["done"], "items": info["items"],
+                "note": f"forked from {source_run}"}
                for loop, info in sorted(loops.items())]
     if named is not None:
         values = named["names"].get("values", {})
@@ -337,7 +339,8 @@ class StatusLine:
         if self.completed:
             parts.append("completed earlier: output re-shown, nothing recomputed")
         elif self.resumed:
-            parts.append(f"resumed (attempt {run.attempt}" + (f", restored {', '.join(self.restored)}" if self.restored else "") + ")")
+            parts.append(f"resumed (attempt {run.attempt}"
+                         + (f", restored {', '.join(self.restored)}" if self.restored else "") + ")")
         parts.append(f"{run.waypoint_count} waypoint(s)")
         done = sum(run.progress_done.values())
         if done:
@@ -396,4 +399,5 @@ class _Text:
     def _repr_html_(self) -> str:
         import html
 
-        return f'<div class="caravanserai-status" style="font-family:monospace;font-size:12px;color:#555">{html.escape(self.text)}</div>'
+        return (f'<div class="caravanserai-status" style="font-family:monospace;font-size:12px;color:#555">'
+                f'{html.escape(self.text)}</div>')

@@ -21,7 +21,7 @@ MAGIC = "%%resumable"
 
 def cleanup(lines: list[str]) -> list[str]:
     """Input transformer: ``%%resumable ARGS`` → ``MARKER('ARGS', 'body source')`` on line 1."""
-    if not lines or not lines[0].startswith(MAGIC) or not lines[0][len(MAGIC):len(MAGIC) + 1] in (" ", "\n", ""):
+    if not lines or not lines[0].startswith(MAGIC) or lines[0][len(MAGIC):len(MAGIC) + 1] not in (" ", "\n", ""):
         return lines
     args = lines[0][len(MAGIC):].strip()
     body = "".join(lines[1:])

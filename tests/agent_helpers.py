@@ -8,16 +8,16 @@ import json
 import struct
 import subprocess
 import sys
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
+from servers._proc import free_port
 
 from caravanserai import DurableAgent, ckpt_format
 from caravanserai.checkpoints import (
     CheckpointLog,
     CheckpointStore,
 )
-from servers._proc import free_port
 
 PYTHON = sys.executable
 TESTS = Path(__file__).resolve().parent
@@ -88,7 +88,7 @@ def closed_port_url() -> str:
     return f"http://127.0.0.1:{free_port()}"
 
 
-@lru_cache(maxsize=None)
+@cache
 def long_run(steps: int = 40) -> tuple[bytes, ...]:
     """Checkpoints after each step of one ``steps``-step run (deterministic, so computed once)."""
     agent = DurableAgent().begin([f"long task, step {i}: do item {i * 7 % 11}" for i in range(steps)])

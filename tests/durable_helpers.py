@@ -7,17 +7,17 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
+from conftest import load_child_module
 
 from caravanserai import (
     DiskDurableStore,
+    journal,
 )
-from caravanserai import journal
 from caravanserai.runs import read_events
 from caravanserai.testing import ScriptedModel
-from conftest import load_child_module
 
 PYTHON = sys.executable
 CHILD = Path(__file__).resolve().parent / "children" / "durable_agents.py"

@@ -10,6 +10,18 @@ import time
 import uuid
 
 import pytest
+from agent_helpers import (
+    CHILDREN,
+    PROMPTS,
+    PYTHON,
+    commit_chain,
+    files_under,
+    flip,
+    full_run,
+    last_json,
+    long_run,
+    object_key,
+)
 
 import caravanserai
 from caravanserai import DurableAgent, ckpt_format
@@ -21,19 +33,6 @@ from caravanserai.checkpoints import (
 )
 from caravanserai.errors import CheckpointCorruptionError, CheckpointFormatError, ObjectNotFound
 from caravanserai.runs import read_events
-
-from agent_helpers import (
-    PYTHON,
-    CHILDREN,
-    PROMPTS,
-    full_run,
-    last_json,
-    flip,
-    long_run,
-    commit_chain,
-    object_key,
-    files_under,
-)
 
 
 # ---- 4. CheckpointLog -----------------------------------------------------------------------

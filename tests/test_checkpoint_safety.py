@@ -19,11 +19,14 @@ import json
 import signal
 import struct
 import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
+from caravanserai.durable_agent import FORMAT, MAX_STEPS
+from caravanserai.timelines import compare, timeline
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -31,7 +34,6 @@ import caravanserai
 from caravanserai import DurableAgent, ckpt_format
 from caravanserai.checkpoints import CheckpointLog, MemoryCheckpointStore, log_status
 from caravanserai.cli import main
-from caravanserai.durable_agent import FORMAT, MAX_STEPS
 from caravanserai.errors import (
     AmbiguousId,
     CaravanseraiError,
@@ -44,7 +46,6 @@ from caravanserai.errors import (
     UsageError,
 )
 from caravanserai.runs import read_events
-from caravanserai.timelines import compare, timeline
 
 PROMPTS = ["pull the ticket", "reproduce the bug", "draft a fix", "open the PR"]
 REAL = DurableAgent().begin(PROMPTS).run_until_step(1)  # steps 1-2 done, 3-4 pending; fake backend
@@ -336,7 +337,8 @@ def mutated_headers(draw) -> dict:
         action = draw(st.sampled_from(["replace", "delete", "insert"] if keys else ["insert"]))
         if action == "insert":
             if isinstance(node, dict):
-                node[draw(st.sampled_from(["step-2", "prompt-9", "steps", "code", "kv_index"]) | st.text(max_size=6))] = draw(anything)
+                value = draw(anything)  # drawn first, as the assignment's right-hand side always was
+                node[draw(st.sampled_from(["step-2", "prompt-9", "steps", "code", "kv_index"]) | st.text(max_size=6))] = value
             else:
                 node.insert(draw(st.integers(0, len(node))), draw(anything))
         else:

@@ -9,10 +9,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import need
 
 import caravanserai
 from caravanserai import checkpoint, complete
-from conftest import need
 
 
 def cli(*args: str, cwd: Path, env: dict, check_rc: int | None = 0) -> subprocess.CompletedProcess:
@@ -56,7 +56,8 @@ def test_show_latest_all_and_json(project, child_env):
     assert data["status"] == "pending" and data["attempts"] == 1
 
 
-@pytest.mark.parametrize("command", [["show", "ghost"], ["resume", "ghost"], ["clean", "ghost"], ["show", "../x"], ["show", "a b"]])
+@pytest.mark.parametrize("command", [["show", "ghost"], ["resume", "ghost"], ["clean", "ghost"], ["show", "../x"],
+                                     ["show", "a b"]])
 def test_errors_are_one_line_and_non_zero(project, child_env, command):
     proc = cli(*command, cwd=project, env=child_env, check_rc=1)
     assert proc.stdout == ""
@@ -83,12 +84,14 @@ def test_clean(project, child_env):
     checkpoint("r", {"a": 1}, "x")
     caravanserai.runs.close_all()
     assert cli("clean", "r", cwd=project, env=child_env).stdout == "deleted checkpoints for 'r'\n"
-    assert cli("clean", "r", cwd=project, env=child_env, check_rc=1).stderr.strip() == "caravanserai: error: no checkpoints for run 'r'"
+    assert (cli("clean", "r", cwd=project, env=child_env, check_rc=1).stderr.strip()
+            == "caravanserai: error: no checkpoints for run 'r'")
 
 
 def test_clean_refuses_a_run_another_process_writes(project, child_env):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import caravanserai,sys,time; caravanserai.checkpoint('busy', {}, 'n'); print('ok', flush=True); time.sleep(30)"],
+        [sys.executable, "-c",
+         "import caravanserai,sys,time; caravanserai.checkpoint('busy', {}, 'n'); print('ok', flush=True); time.sleep(30)"],
         cwd=project, env=child_env, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "ok"
@@ -142,7 +145,8 @@ def test_resume_works_for_python_dash_m(project, child_env):
     (pkg / "__init__.py").write_text("")
     (pkg / "steps.py").write_text(STEPS)
     (pkg / "__main__.py").write_text("from . import steps\n")
-    first = subprocess.run([sys.executable, "-m", "jobpkg", "--crash"], cwd=project, env=child_env, capture_output=True, text=True)
+    first = subprocess.run([sys.executable, "-m", "jobpkg", "--crash"], cwd=project, env=child_env,
+                           capture_output=True, text=True)
     assert first.returncode == 3, first.stderr
     sub = project / "elsewhere"
     sub.mkdir()

@@ -14,7 +14,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import PYTHON, REPO, need_kernel_packages
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
@@ -72,9 +71,8 @@ def test_block_runs_as_printed(request, tmp_path, child_env, path, line, source)
 def test_readme_notebook_cells_run_and_a_rerun_sends_nothing(tmp_path, model_server, proxy):
     need_kernel_packages()
     import nbformat
-    from nbclient import NotebookClient
-
     from kernel_helpers import child_env
+    from nbclient import NotebookClient
 
     env = child_env(tmp_path)
     env.update(OPENAI_BASE_URL=proxy.url + "/v1", OPENAI_API_KEY="local", OPENAI_MODEL=model_server.model)
@@ -100,9 +98,8 @@ def test_readme_notebook_cells_run_and_a_rerun_sends_nothing(tmp_path, model_ser
 def test_doc_notebook_cells_run(tmp_path, model_server, path):
     need_kernel_packages()
     import nbformat
-    from nbclient import NotebookClient
-
     from kernel_helpers import child_env
+    from nbclient import NotebookClient
 
     env = child_env(tmp_path)
     env.update(OPENAI_BASE_URL=model_server.url + "/v1", OPENAI_API_KEY="local", OPENAI_MODEL=model_server.model)

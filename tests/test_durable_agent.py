@@ -24,6 +24,24 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from agent_helpers import (
+    CHILDREN,
+    FORK_PROMPTS,
+    PROMPTS,
+    PYTHON,
+    REPO,
+    closed_port_url,
+    files_under,
+    flip,
+    full_run,
+    last_json,
+    reencoded,
+    run_script,
+    seed_script,
+    verbatim,
+    with_version,
+)
+from conftest import need
 
 import caravanserai
 from caravanserai import DurableAgent, ckpt_format
@@ -33,25 +51,6 @@ from caravanserai.checkpoints import (
     MemoryCheckpointStore,
 )
 from caravanserai.errors import CaravanseraiError, CheckpointCorruptionError, CheckpointFormatError, ModelError
-
-from conftest import need
-from agent_helpers import (
-    PYTHON,
-    CHILDREN,
-    REPO,
-    PROMPTS,
-    FORK_PROMPTS,
-    full_run,
-    run_script,
-    verbatim,
-    seed_script,
-    last_json,
-    flip,
-    with_version,
-    reencoded,
-    closed_port_url,
-    files_under,
-)
 
 
 # ---- 1. the seed's samples, verbatim --------------------------------------------------------

@@ -17,12 +17,12 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from caravanserai import DurableAgent, ModelError
 from conftest import need
 from servers import model_server as ms
 from servers.counting_proxy import CountingProxy
 from servers.loopback import LoopbackHTTP
+
+from caravanserai import DurableAgent, ModelError
 
 CHILDREN = Path(__file__).parent / "children"
 MODEL_ID = f"vllm/{ms.MODEL_NAME}"  # the backend strips "vllm/": requests name ms.MODEL_NAME

@@ -17,6 +17,25 @@ import signal
 import stat
 
 import pytest
+from caravanserai.ledger import digest
+from conftest import kill9
+from durable_helpers import (
+    ANSWER,
+    QUESTION,
+    SEED_FIELDS,
+    InterruptingModel,
+    crash_by_itself,
+    events_of,
+    journal_has,
+    journal_path,
+    kids,
+    opts,
+    spawn,
+    store_of,
+    tool_messages,
+    types_of,
+    wait_until,
+)
 
 import caravanserai
 from caravanserai import (
@@ -25,34 +44,16 @@ from caravanserai import (
     OpenAICompatibleModel,
     agent,
     auto,
+    cli,
     durable,
     input_is_replayable,
+    journal,
+    pricing,
     run,
     run_summary,
 )
-from caravanserai import cli, journal, pricing
-from caravanserai.ledger import digest
 from caravanserai.runs import read_events
 from caravanserai.testing import ScriptedModel
-from conftest import kill9
-
-from durable_helpers import (
-    kids,
-    QUESTION,
-    ANSWER,
-    InterruptingModel,
-    store_of,
-    opts,
-    journal_path,
-    events_of,
-    types_of,
-    spawn,
-    wait_until,
-    journal_has,
-    crash_by_itself,
-    tool_messages,
-    SEED_FIELDS,
-)
 
 
 # ---- 1. the seed's first sample -----------------------------------------------------------------
@@ -147,7 +148,8 @@ def test_run_summary_missing_pending_completed_failed_and_recovery_sweep(project
     path = journal_path(project, "sweep-1")
     events = read_events("sweep-1", store)
     tail = journal.decode("sweep-1", store.load("sweep-1"))[1]
-    extra = journal.encode([{"type": "attempt", "attempt": 3}, {"type": "run_failed", "code": "boom", "message": "late"}], tail)[0]
+    extra = journal.encode([{"type": "attempt", "attempt": 3},
+                            {"type": "run_failed", "code": "boom", "message": "late"}], tail)[0]
     with open(path, "a", encoding="utf-8") as f:
         f.write("\n".join(extra) + "\n")
     assert len(read_events("sweep-1", store)) == len(events) + 2

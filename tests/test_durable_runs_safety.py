@@ -9,9 +9,29 @@ import math
 import re
 import signal
 import subprocess
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
+from caravanserai.ledger import digest
+from conftest import kill9
+from durable_helpers import (
+    ANSWER,
+    PYTHON,
+    QUESTION,
+    InterruptingModel,
+    crash_by_itself,
+    events_of,
+    journal_path,
+    kids,
+    opts,
+    rewrite_journal,
+    spawn,
+    store_of,
+    tool_messages,
+    types_of,
+    wait_until,
+)
 
 import caravanserai
 from caravanserai import (
@@ -27,34 +47,14 @@ from caravanserai import (
     Tool,
     ToolEffectUncertain,
     agent,
+    calls,
+    cli,
     durable,
     run,
     run_summary,
 )
-from caravanserai import calls, cli
-from caravanserai.ledger import digest
 from caravanserai.runs import read_events
 from caravanserai.testing import ScriptedModel
-from conftest import kill9
-
-from durable_helpers import (
-    PYTHON,
-    kids,
-    QUESTION,
-    ANSWER,
-    InterruptingModel,
-    store_of,
-    opts,
-    journal_path,
-    events_of,
-    types_of,
-    spawn,
-    wait_until,
-    crash_by_itself,
-    rewrite_journal,
-    tool_messages,
-)
-
 
 # ---- 5. identity before spend ------------------------------------------------------------------
 BASE = {"input": QUESTION, "session_id": "s-1", "history": [{"role": "user", "content": "hello"}],

@@ -14,11 +14,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import PYTHON, kill9, need_module
 
 import caravanserai
 from caravanserai import SerializationError, checkpoint, durable, history, load_latest, resumable_iterate
 from caravanserai.cli import main
-from conftest import PYTHON, kill9, need_module
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:

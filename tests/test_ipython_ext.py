@@ -19,7 +19,6 @@ import traceback
 from pathlib import Path
 
 import pytest
-
 from conftest import need
 
 if importlib.util.find_spec("IPython") is None:  # the notebook layer is optional; the package imports without it
@@ -27,15 +26,15 @@ if importlib.util.find_spec("IPython") is None:  # the notebook layer is optiona
         raise ImportError("required for CI but missing: IPython (the [test] extra installs it with ipykernel)")
     pytest.skip("IPython is not installed", allow_module_level=True)
 
-from IPython.testing.globalipapp import get_ipython  # noqa: E402
-from IPython.utils.capture import capture_output  # noqa: E402
-
 import caravanserai.namespace as namespace  # noqa: E402
-from caravanserai import open_store  # noqa: E402
-from caravanserai.errors import DefinitionChanged, SerializationError  # noqa: E402
 from caravanserai.ipython_ext.cell import CellChanged  # noqa: E402
 from caravanserai.ipython_ext.transform import FACTORY, WrapCell, cleanup  # noqa: E402
 from caravanserai.namespace import UntrustedPickle  # noqa: E402
+from IPython.testing.globalipapp import get_ipython  # noqa: E402
+from IPython.utils.capture import capture_output  # noqa: E402
+
+from caravanserai import open_store  # noqa: E402
+from caravanserai.errors import DefinitionChanged, SerializationError  # noqa: E402
 from caravanserai.runs import read_events  # noqa: E402
 
 ip = get_ipython()

@@ -7,9 +7,9 @@ import itertools
 from datetime import timedelta
 
 import pytest
+from caravanserai.progress import ProgressLine
 
 from caravanserai import ItemsChanged, checkpoint, durable, load_latest, resumable_iterate
-from caravanserai.progress import ProgressLine
 from caravanserai.runs import read_events
 
 
@@ -34,7 +34,7 @@ def test_exception_in_body_keeps_items_before_it(project):
     with pytest.raises(ZeroDivisionError):
         for item in resumable_iterate(range(5), "it"):
             if item == 2:
-                1 / 0
+                1 / 0  # noqa: B018 - raises ZeroDivisionError on purpose
     assert _consume(resumable_iterate(range(5), "it")) == [2, 3, 4]
 
 
@@ -132,7 +132,7 @@ def test_empty_input_creates_a_completed_run(project):
 
 
 def test_two_loops_in_one_durable_block_are_tracked_apart(project):
-    with durable("two") as run:
+    with durable("two"):
         assert _consume(resumable_iterate("abc", "two")) == list("abc")
         _consume(resumable_iterate("xyz", "two"), stop_after=1)
     with durable("two"):

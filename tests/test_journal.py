@@ -19,7 +19,8 @@ json_values = st.recursive(
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.dictionaries(st.text(min_size=1, max_size=8).filter(lambda k: k not in journal.RESERVED_FIELDS), json_values, max_size=4), min_size=1, max_size=6))
+@given(st.lists(st.dictionaries(st.text(min_size=1, max_size=8).filter(lambda k: k not in journal.RESERVED_FIELDS),
+                                json_values, max_size=4), min_size=1, max_size=6))
 def test_encode_decode_round_trip(payloads):
     events = [{"type": "t", **p} for p in payloads]
     lines, full, tail = journal.encode(events, journal.Tail())

@@ -22,7 +22,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from conftest import need_kernel_packages
 from kernel_helpers import Kernel, Reply, child_env, count, events, topic_of, wait_for_waypoints
 from servers.counting_proxy import CountingProxy
@@ -59,7 +58,8 @@ def reference(uninterrupted) -> list[str]:
 
 
 def request(topic: str) -> dict:
-    return {"temperature": 0, "max_tokens": MAX_TOKENS, "messages": [{"role": "user", "content": f"Name one fact about {topic}."}]}
+    return {"temperature": 0, "max_tokens": MAX_TOKENS,
+            "messages": [{"role": "user", "content": f"Name one fact about {topic}."}]}
 
 
 def loop_notebook(counting: CountingProxy, model: str, run_id: str):

@@ -28,15 +28,15 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
+from conftest import kill9, load_child_module
 
 import caravanserai
 from caravanserai import journal
 from caravanserai.runs import read_events
-from conftest import kill9, load_child_module
 
 PYTHON = sys.executable
 TESTS = Path(__file__).resolve().parent
@@ -48,7 +48,7 @@ TIGHT_LOOP = CHILDREN / "tight_loop.py"
 _tight = load_child_module(TIGHT_LOOP)
 
 
-@lru_cache(maxsize=None)
+@cache
 def expected_pad(step: int) -> str:
     return _tight.pad(step)
 
@@ -159,7 +159,8 @@ def check_tight_run(run_id: str, run_dir: Path, acked: int) -> list[dict]:
     assert last_n >= acked, f"acknowledged waypoint {acked} lost: journal ends at {last_n}"
     for event in waypoints:
         state = event["state"]
-        assert event["note"] == f"note {state['step']}", f"waypoint {event['n']}: note {event['note']!r} with state step {state['step']}"
+        assert event["note"] == f"note {state['step']}", (
+            f"waypoint {event['n']}: note {event['note']!r} with state step {state['step']}")
         assert state["step"] == event["n"], f"waypoint {event['n']} holds step {state['step']}"
         assert state["pad"] == expected_pad(state["step"]), f"waypoint {event['n']}: state damaged"
     latest = caravanserai.load_latest(run_id)  # no writer holds the run: re-renders stale views

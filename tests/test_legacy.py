@@ -37,7 +37,8 @@ RUN_IDS = [f"{pkg}/{run}" for pkg, run in RUNS]
 IMPORTED_FROM = {"cvs020": "caravanserai 0.2.0", "cvs01x": "caravanserai 0.1.x"}
 ITEMS = [f"file-{k:02d}.csv" for k in range(1, 11)]
 
-LIST_LINE = re.compile(r"(?P<run>[^\t]+)\t(?P<n>\d+) waypoint\(s\)\t(?P<age>\d+[smhd] ago|\?)\t(?P<status>pending|completed|failed|unknown)")
+LIST_LINE = re.compile(r"(?P<run>[^\t]+)\t(?P<n>\d+) waypoint\(s\)\t(?P<age>\d+[smhd] ago|\?)\t"
+                       r"(?P<status>pending|completed|failed|unknown)")
 WAYPOINT_020 = re.compile(r"# Waypoint (\d+) - (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+00:00)\n\n(.*)\n", re.DOTALL)
 HEADER_ANY = re.compile(r"# Waypoint (\d+) (?:-|\u2014) (\S+)")
 

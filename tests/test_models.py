@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from servers._proc import free_port
+from servers.loopback import LoopbackHTTP
 
 from caravanserai import ModelError, OpenAICompatibleModel, durable
 from caravanserai.runs import read_events
-from servers._proc import free_port
-from servers.loopback import LoopbackHTTP
 
 
 class FakeOpenAI(LoopbackHTTP):

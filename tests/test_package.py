@@ -29,7 +29,8 @@ def test_every_error_has_a_distinct_stable_code():
 
 
 def test_core_import_does_not_pull_notebook_libraries():
-    code = "import sys, caravanserai, caravanserai.cli; print(sorted(m for m in ('IPython','ipywidgets','anywidget','pandas','matplotlib') if m in sys.modules))"
+    code = ("import sys, caravanserai, caravanserai.cli; "
+            "print(sorted(m for m in ('IPython','ipywidgets','anywidget','pandas','matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from servers.counting_proxy import CountingProxy
 
 CHILDREN = Path(__file__).parent / "children"

@@ -26,6 +26,9 @@ except ImportError as exc:  # the [http] extra; required under CI
         raise
     pytest.skip(f"needs pip install 'caravanserai[http]' ({exc.name})", allow_module_level=True)
 
+from conftest import REPO  # noqa: E402
+from servers._proc import free_port  # noqa: E402
+
 from caravanserai import LeaseLost, RunLocked, StoreUnavailable  # noqa: E402
 from caravanserai.stores import http as http_module  # noqa: E402
 from caravanserai.stores.http import (  # noqa: E402
@@ -35,9 +38,6 @@ from caravanserai.stores.http import (  # noqa: E402
     HttpUnauthorized,
 )
 from caravanserai.testing import StoreConformance, journal_machine, make_lines  # noqa: E402
-
-from conftest import REPO  # noqa: E402
-from servers._proc import free_port  # noqa: E402
 
 TOKEN = "test-token-0123456789abcdef"
 
@@ -320,8 +320,9 @@ def test_lease_is_renewed_in_the_background_past_its_ttl():
 
 
 def test_durable_checkpoints_through_the_service_render_views_in_the_backing_directory():
-    from caravanserai import history, load_latest
     from caravanserai.waypoints import checkpoint
+
+    from caravanserai import history, load_latest
 
     server = shared_server("dir")
     store = server.client()
@@ -415,9 +416,9 @@ def test_bearer_check_is_constant_time(monkeypatch):
 
 
 def test_idempotency_key_applies_a_retried_append_and_create_once():
+    from caravanserai.service import create_app
     from starlette.testclient import TestClient
 
-    from caravanserai.service import create_app
     from caravanserai.stores.memory import MemoryStore
 
     backing = MemoryStore("idempotency")
@@ -451,6 +452,7 @@ def test_idempotency_key_applies_a_retried_append_and_create_once():
 
 def test_service_lets_the_backing_lease_go_when_a_client_lease_expires():
     from caravanserai.service import JournalService
+
     from caravanserai.stores.memory import MemoryStore
 
     now = [1000.0]

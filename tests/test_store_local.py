@@ -37,7 +37,8 @@ def test_modes_are_private(tmp_path):
     store.objects.put("k/x", b"1")
     for path in [tmp_path / "s", tmp_path / "s" / "r1", tmp_path / "s" / ".objects" / "k"]:
         assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
-    for path in [tmp_path / "s" / "r1" / "journal.jsonl", tmp_path / "s" / "r1" / "lock", tmp_path / "s" / ".objects" / "k" / "x"]:
+    for path in [tmp_path / "s" / "r1" / "journal.jsonl", tmp_path / "s" / "r1" / "lock",
+                 tmp_path / "s" / ".objects" / "k" / "x"]:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
 
 
@@ -156,7 +157,8 @@ def test_case_only_collision_uses_a_separate_directory(tmp_path, monkeypatch):
     _write(store, "Run", 1)
     real_listdir = os.listdir
     # Simulate a case-insensitive file system: "run" resolves to the existing "Run" directory.
-    monkeypatch.setattr(Path, "exists", lambda self: Path.is_dir(self.with_name("Run")) if self.name == "run" else os.path.exists(self))
+    monkeypatch.setattr(Path, "exists",
+                        lambda self: Path.is_dir(self.with_name("Run")) if self.name == "run" else os.path.exists(self))
     monkeypatch.setattr(os, "listdir", lambda p: real_listdir(p))
     other = LocalStore(tmp_path / "s")
     assert other.run_dir("run").name.startswith("run~")

@@ -6,11 +6,11 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from servers._proc import free_port
 
 from caravanserai import StoreUnavailable, open_store
 from caravanserai.stores.postgres import PostgresStore
 from caravanserai.testing import StoreConformance, journal_machine
-from servers._proc import free_port
 
 
 def _fresh(pg, ttl_ms: int = 3000) -> PostgresStore:

@@ -7,11 +7,11 @@ import time
 import uuid
 
 import pytest
+from servers._proc import free_port
 
 from caravanserai import LeaseLost, ObjectConditionalPutRequired, ObjectLeaseTtlInvalid, RunLocked, open_store
 from caravanserai.stores.objects import ObjectDurableStore
 from caravanserai.testing import StoreConformance, journal_machine, make_lines
-from servers._proc import free_port
 
 
 def _url(s3, ttl_ms: int = 3000) -> str:

@@ -22,6 +22,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from servers._proc import free_port
 
 import caravanserai
 from caravanserai import (
@@ -37,8 +38,6 @@ from caravanserai.ids import validate_run_id
 from caravanserai.stores import LocalStore, MemoryStore, open_store
 from caravanserai.stores.sql import SqliteStore
 from caravanserai.testing import make_lines
-
-from servers._proc import free_port
 
 PYTHON = sys.executable
 
@@ -190,9 +189,8 @@ def test_internal_directories_are_not_legacy_runs(tmp_path):
 def test_the_journal_service_checks_ids_with_the_same_rule(tmp_path):
     pytest.importorskip("starlette")
     pytest.importorskip("httpx")
-    from starlette.testclient import TestClient
-
     from caravanserai.service import create_app
+    from starlette.testclient import TestClient
 
     backing = LocalStore(tmp_path / "served")
     _write(backing, "kept")
@@ -653,9 +651,9 @@ def test_an_unreachable_endpoint_is_one_line_without_a_debug_dump():
 def test_service_errors_keep_their_type_over_http(tmp_path):
     pytest.importorskip("starlette")
     httpx = pytest.importorskip("httpx")
+    from caravanserai.service import create_app
     from starlette.testclient import TestClient
 
-    from caravanserai.service import create_app
     from caravanserai.stores.http import HttpDurableStore
 
     project = tmp_path

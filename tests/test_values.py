@@ -20,17 +20,16 @@ from decimal import Decimal
 from pathlib import Path, PurePosixPath
 
 import pytest
+from conftest import need_module
+from durable_helpers import rewrite_journal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import caravanserai
 from caravanserai import ClassNotAllowed, JournalCorruptionError, UntrustedPickle, durable, open_store
-from caravanserai.runs import values
 from caravanserai.journal import dumps
+from caravanserai.runs import read_events, values
 from caravanserai.runs.snapshots import encode_value
-from caravanserai.runs import read_events
-from conftest import need_module
-from durable_helpers import rewrite_journal
 
 
 class Colour(enum.Enum):

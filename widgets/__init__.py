@@ -1,5 +1,20 @@
 """Notebook panels (anywidget), installed as ``caravanserai.widgets``.
 
-The Timeline, JournalTable, charts, ForkPanel and Compare panels live here; their JavaScript
-ships as files inside the package (no CDN). They import anywidget lazily: the core never does.
+``Timeline(run_id)``, ``JournalTable(run_id)``, ``Runs(store)``, the charts (``cost_chart``,
+``latency_chart``, ``runs_chart``, each a matplotlib ``Figure``) and ``show(run_id)``, a dashboard
+with them as tabs. Their JavaScript and CSS ship as files of this package (no CDN): they work
+offline, in JupyterLab, Jupyter Notebook 7 and other anywidget hosts. Needs the ``[notebook]``
+extra; the core never imports this package.
 """
+
+from __future__ import annotations
+
+from .charts import cost_chart, latency_chart, runs_chart
+from .dashboard import Dashboard, show
+from .journal import JournalTable
+from .panel import Panel
+from .runs import Runs, RunsList
+from .timeline import Timeline
+
+__all__ = ["Dashboard", "JournalTable", "Panel", "Runs", "RunsList", "Timeline", "cost_chart", "latency_chart",
+           "runs_chart", "show"]

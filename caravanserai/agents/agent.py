@@ -14,18 +14,19 @@ import contextvars
 import inspect
 import json
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..calls.journaled import EFFECTS, model_call, tool_call
-from ..errors import DurableOptionConflict, MaxTurnsExceeded, NoCurrentRun, ToolFailed
 from ..calls.ledger import Budget, Receipt, completed_receipt
-from ..journal import digest
 from ..calls.models import Model, auto
+from ..errors import DurableOptionConflict, MaxTurnsExceeded, NoCurrentRun, ToolFailed
+from ..journal import digest
 from ..runs.lifecycle import RunScope, current_run
 from ..runs.run import Run
-from ..stores import LocalStore, MemoryStore, Store, open_store
 from ..runs.summary import journal_input
+from ..stores import LocalStore, MemoryStore, Store, open_store
 
 __all__ = ["Agent", "DiskDurableStore", "Durable", "RunResult", "Tool", "agent", "run", "tool"]
 
@@ -57,7 +58,8 @@ class Tool:
         return self.fn(*args, **kwargs)
 
     def spec(self) -> dict:
-        return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+        return {"type": "function",
+                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
 
     def describe(self) -> dict:
         return {"name": self.name, "effect": self.effect, "description": self.description, "parameters": self.parameters}
@@ -141,7 +143,7 @@ class Durable:
     store: Store | str | None = None
 
     @classmethod
-    def of(cls, value: "Durable | dict | str | None") -> "Durable | None":
+    def of(cls, value: Durable | dict | str | None) -> Durable | None:
         if value is None or isinstance(value, Durable):
             return value
         if isinstance(value, str):
@@ -205,7 +207,7 @@ def _loop(run: Run, spec: Agent, conversation: list[dict], *, path: str, checkpo
                             code_detail="max_turns", agent=spec.id)
 
 
-def run(agent: Agent, input: Any, *, durable: "Durable | dict | str | None" = None, budget: "Budget | dict | None" = None,
+def run(agent: Agent, input: Any, *, durable: Durable | dict | str | None = None, budget: Budget | dict | None = None,
         session_id: str | None = None, history: Sequence[dict] | None = None, max_cost_usd: float | None = None) -> RunResult:
     """Run ``agent`` on ``input``; with ``durable={"run_id": ..., "store": ...}`` the run is journaled.
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import inspect
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, cast
 
 from ..errors import CaravanseraiError, ToolEffectUncertain, ToolFailed
 from ..journal import RawJSON, canonical, digest, to_json
@@ -73,7 +74,8 @@ def fail_call(run: Journal, pending: dict, exc: BaseException) -> None:
     """The call failed before any answer: journal it (nothing was spent), unless the process is stopping."""
     if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
         info = exc.to_dict() if isinstance(exc, CaravanseraiError) else {"code": type(exc).__name__, "message": str(exc)[:500]}
-        run.append({"type": "call_failed", "path": pending["path"], "kind": pending["kind"], "call_id": pending["call_id"], **info})
+        run.append({"type": "call_failed", **info, "path": pending["path"], "kind": pending["kind"],
+                    "call_id": pending["call_id"]})  # the call's own fields win over the error's
 
 
 def settle_call(run: Journal, pending: dict, response: dict, usage: Usage) -> dict:
@@ -100,7 +102,7 @@ def journaled_call(run: Journal, *, path: str, kind: str, provider: str, model: 
     replayed, pending = start_call(run, path=path, kind=kind, provider=provider, model=model, request=request,
                                    prompt_estimate=prompt_estimate, max_tokens=max_tokens)
     if pending is None:
-        return replayed
+        return cast(dict, replayed)  # start_call gives (response, None) or (None, pending)
     try:
         response, usage = send()
     except BaseException as exc:

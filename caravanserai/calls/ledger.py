@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict, deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
 
 from ..errors import BudgetExceeded, JournalCorruptionError
 from ..journal import digest
@@ -34,7 +34,7 @@ class Budget:
     calls: int | None = None
 
     @classmethod
-    def of(cls, value: "Budget | dict | None") -> "Budget | None":
+    def of(cls, value: Budget | dict | None) -> Budget | None:
         if value is None or isinstance(value, Budget):
             return value
         if not isinstance(value, dict) or set(value) - {"usd", "tokens", "calls"}:
@@ -145,7 +145,9 @@ def record_from_event(run_id: str, event: dict, attempt: int) -> CallRecord:
     call = event.get("call")
     if not isinstance(call, dict):
         raise _bad(run_id, event, "has no 'call' object")
-    usage = call.get("usage") if isinstance(call.get("usage"), dict) else {}
+    usage = call.get("usage")
+    if not isinstance(usage, dict):
+        usage = {}
     prompt = _count(run_id, event, usage, "prompt_tokens")
     completion = _count(run_id, event, usage, "completion_tokens")
     cached = _count(run_id, event, usage, "cached_tokens")
@@ -193,10 +195,10 @@ class Ledger:
         self._settled_ids: set[str] = set()
         self.unsettled_intents: dict[str, dict] = {}
         self.resume: ResumeInfo | None = None
-        started: dict[str, dict] = {}
+        started: dict[str | None, dict] = {}  # keyed as the journal gives them: a damaged event may lack its call_id
         window_start = 0  # index of the first event after the last boundary
         attempt_no = 0
-        self._settlements: dict[str, dict] = {}
+        self._settlements: dict[str | None, dict] = {}
         self.calls_started = 0
         for index, event in enumerate(events):
             etype = event["type"]
@@ -205,7 +207,8 @@ class Ledger:
                 self.calls_started += 1
             elif etype == "tool_settled":
                 call_id = event.get("call_id")
-                self.unsettled_intents.pop(call_id, None)
+                if call_id is not None:  # intents are keyed by the str call_id journaled_call wrote
+                    self.unsettled_intents.pop(call_id, None)
                 self._settlements[call_id] = event
             elif etype == "call_started":
                 started[event["call_id"]] = event

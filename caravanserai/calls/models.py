@@ -9,8 +9,9 @@ can tell a retryable outage from a bad request; nothing is journaled as settled 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from ..errors import MissingExtra, ModelError, ModelNotConfigured
 
@@ -28,7 +29,7 @@ class Usage:
         return self.prompt_tokens + self.completion_tokens
 
     @classmethod
-    def from_openai(cls, usage: Any) -> "Usage":
+    def from_openai(cls, usage: Any) -> Usage:
         if not isinstance(usage, dict):
             return cls()
         details = usage.get("prompt_tokens_details") or {}
@@ -52,7 +53,7 @@ class ModelResponse:
                           "cached_tokens": self.usage.cached_tokens}, "raw": self.raw}
 
     @classmethod
-    def from_dict(cls, data: dict) -> "ModelResponse":
+    def from_dict(cls, data: dict) -> ModelResponse:
         usage = data.get("usage") or {}
         return cls(data.get("text", ""), Usage(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0),
                                                usage.get("cached_tokens", 0)),
@@ -95,7 +96,8 @@ class OpenAICompatibleModel(Model):
             try:
                 import httpx
             except ImportError as exc:
-                raise MissingExtra("OpenAICompatibleModel needs httpx: pip install 'caravanserai[openai]'", extra="openai") from exc
+                raise MissingExtra("OpenAICompatibleModel needs httpx: pip install 'caravanserai[openai]'",
+                                   extra="openai") from exc
             headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
             self._client = httpx.Client(base_url=self.base_url, headers=headers, timeout=self.timeout)
         return self._client

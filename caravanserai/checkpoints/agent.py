@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
+from ..calls.models import OpenAICompatibleModel
+from ..errors import AgentNotStarted, ModelError, SerializationError, UnknownNode, UsageError
 from . import format as fmt
 from .format import corrupt, short
-from ..errors import AgentNotStarted, ModelError, SerializationError, UnknownNode, UsageError
-from ..calls.models import OpenAICompatibleModel
 
 __all__ = ["DurableAgent", "FakeBackend", "OpenAICompletionsBackend", "decode_checkpoint", "validate_header"]
 
@@ -160,7 +161,7 @@ class DurableAgent:
         self.computed_steps: list[int] = []  # steps this object computed (not restored): proves no recompute
 
     # ---- building a run ------------------------------------------------------------------
-    def begin(self, prompts: Sequence[str], model_id: str | None = None) -> "DurableAgent":
+    def begin(self, prompts: Sequence[str], model_id: str | None = None) -> DurableAgent:
         """Start a run of ``prompts`` (one step each). ``VLLM_BASE_URL`` selects the server backend."""
         if not prompts or not all(isinstance(p, str) for p in prompts):
             raise UsageError("begin() needs a non-empty list of prompt strings, e.g. begin(['plan', 'act'])")
@@ -227,7 +228,7 @@ class DurableAgent:
                 raise UsageError("resume_from() needs checkpoint bytes, or store= and key=")
             ckpt = _objects(store).get(_key(key))
         self._load(ckpt)
-        for step in range(self._header["steps"]):
+        for step in range(self._require()["steps"]):
             self._execute(step)
         return self.step_outputs()
 
@@ -303,7 +304,7 @@ class DurableAgent:
         self.computed_steps = []
 
     def _execute(self, step: int) -> None:
-        values = self._header["values"]
+        values = self._require()["values"]
         sid = step_id(step)
         if sid in values:
             return  # completed steps are never recomputed

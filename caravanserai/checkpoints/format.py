@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -75,13 +76,15 @@ def decode(blob: bytes, *, what: str = "checkpoint") -> CheckpointData:
         raise CheckpointFormatError(f"{what} must be bytes, got {type(blob).__name__}")
     blob = bytes(blob)
     if len(blob) < _PREFIX.size + DIGEST_BYTES or blob[:8] != MAGIC:
-        raise CheckpointFormatError(f"{what} is not a caravanserai checkpoint (bad magic); pass the bytes run_until_step returned")
+        raise CheckpointFormatError(f"{what} is not a caravanserai checkpoint (bad magic); "
+                                    "pass the bytes run_until_step returned")
     body, digest = blob[:-DIGEST_BYTES], blob[-DIGEST_BYTES:]
     if hashlib.sha256(body).digest() != digest:  # before reading any field: a flipped byte is damage, not a version
         raise CheckpointCorruptionError(f"{what} is damaged: its SHA-256 digest does not match its bytes", what=what)
     _, version, kind, hlen = _PREFIX.unpack_from(blob)
     if version > FORMAT_VERSION:
-        raise CheckpointFormatError(f"{what} uses checkpoint format v{version}, newer than this caravanserai (v{FORMAT_VERSION}): upgrade")
+        raise CheckpointFormatError(f"{what} uses checkpoint format v{version}, "
+                                    f"newer than this caravanserai (v{FORMAT_VERSION}): upgrade")
     if version < 1:
         corrupt(what, f"format version {version} does not exist")
     if kind not in (FULL, DELTA):
@@ -150,6 +153,7 @@ def too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
     stack = [(value, 0)]
     while stack:
         item, depth = stack.pop()
+        children: Iterable[Any]
         if isinstance(item, dict):
             children = item.values()
         elif isinstance(item, list):

@@ -15,15 +15,16 @@ import json
 import os
 import re
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Sequence
+from typing import Any
 
-from . import format as fmt
-from .format import CheckpointCorruptionError, CheckpointFormatError, checkpoint_id, corrupt, is_count, short
-from .agent import DurableAgent, decode_checkpoint, step_id, validate_header
 from ..errors import AmbiguousId, InvalidRunId, ObjectNotFound, UsageError
 from ..runs.lifecycle import append_event
 from ..stores.base import ObjectStore, Store
+from . import format as fmt
+from .agent import DurableAgent, decode_checkpoint, step_id, validate_header
+from .format import CheckpointCorruptionError, CheckpointFormatError, checkpoint_id, corrupt, is_count, short
 
 __all__ = ["CheckpointLog", "CheckpointRecord", "checkpoint_from_file_or_log", "find_checkpoint", "log_status"]
 
@@ -53,7 +54,7 @@ class CheckpointRecord:
         return fmt.canonical_json(asdict(self))
 
     @classmethod
-    def parse(cls, raw: bytes, cid: str, run_id: str) -> "CheckpointRecord":
+    def parse(cls, raw: bytes, cid: str, run_id: str) -> CheckpointRecord:
         """The record stored under ``cid`` in ``run_id``'s log, every field checked (CheckpointCorruptionError)."""
         what = f"the record of checkpoint {cid[:12]} (run {run_id})"
         try:
@@ -273,7 +274,8 @@ class CheckpointLog:
             return cid
         child = CheckpointLog(self.store or self.objects, new_run_id, max_chain=self.max_chain, prefix=self.prefix)
         child._journal({"type": "forked", "checkpoint_id": checkpoint_id(forked), "source": checkpoint,
-                        "parent_run": self.run_id, "node_id": node_id}, forked_from={"run_id": self.run_id, "checkpoint_id": checkpoint})
+                        "parent_run": self.run_id, "node_id": node_id},
+                       forked_from={"run_id": self.run_id, "checkpoint_id": checkpoint})
         cid = child.commit(forked, parent=checkpoint, step=source.step, fork=edit, parent_run=self.run_id)
         self._journal({"type": "forked", "checkpoint_id": cid, "source": checkpoint, "new_run_id": new_run_id,
                        "node_id": node_id})
@@ -315,8 +317,9 @@ class CheckpointLog:
             self._cache.move_to_end(checkpoint)
             return cached
         chain = self._chain(checkpoint)
-        data = self._cache.get(chain[-1].base) if chain[-1].base is not None else None
-        for rec in reversed(chain):
+        start = self._cache.get(chain[-1].base) if chain[-1].base is not None else None
+        data = self._apply_object(chain[-1], start)  # _chain returns at least the checkpoint's own record
+        for rec in reversed(chain[:-1]):
             data = self._apply_object(rec, data)
         # Each stored object carries its own digest (checked by decode); the rebuilt checkpoint is
         # verified against its id once, at the end of the chain, not at every link.
@@ -360,6 +363,7 @@ class CheckpointLog:
             validate_header(stored, what)
             return stored
         check_delta(stored, rec.base, what)
+        assert data is not None  # a chain starts at a full checkpoint or a cached base: a delta's base is built
         return apply_delta(data, stored)
 
     def _remember(self, cid: str, data: fmt.CheckpointData) -> None:

@@ -1,61 +1,27 @@
-"""Checkpoint stores: the object face of caravanserai's one Store abstraction, for checkpoint bytes.
+"""Checkpoint stores: the object face of caravanserai's one storage contract, for checkpoint bytes.
 
-``put``, ``get``, ``exists``, ``list``, ``delete`` and an atomic ``put_if_absent``; any object
-face works (``store.objects`` of a full Store too). These are the seed's names for the common
-ones: a local directory, process memory, S3 and GCS through obstore.
+Any ``caravanserai.stores.Objects`` works (``store.objects`` of a full Store too): ``put`` with
+modes ``"overwrite"`` / ``"create"`` (/ ``IfVersion`` where ``supports_cas``), ``get``, ``exists``,
+``list``, ``delete`` and the derived atomic ``put_if_absent``. The seed's names for the common
+faces stay, as aliases of the storage layer's ``…Objects`` classes:
+
+- ``CheckpointStore`` is ``caravanserai.stores.Objects`` (the contract; CAS per backend);
+- ``LocalDirectoryStore`` is ``caravanserai.stores.LocalObjects`` (no CAS);
+- ``MemoryCheckpointStore`` is ``caravanserai.stores.MemoryObjects`` (CAS);
+- ``S3Store`` / ``GCSStore`` are ``caravanserai.stores.obstore_objects.S3Objects`` / ``GCSObjects`` (CAS).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from ..stores.base import Objects
+from ..stores.local.objects import LocalDirectoryStore, LocalObjects
+from ..stores.memory import MemoryObjects
+from ..stores.obstore_objects import GCSObjects, S3Objects
 
-from ..stores.base import ObjectStore
-from ..stores.local.store import LocalDirectoryStore
-from ..stores.memory import MemoryObjects, _Space
-from ..stores.obstore_objects import ObstoreObjects
+__all__ = ["CheckpointStore", "GCSObjects", "GCSStore", "LocalDirectoryStore", "LocalObjects", "MemoryCheckpointStore",
+           "MemoryObjects", "S3Objects", "S3Store"]
 
-__all__ = ["CheckpointStore", "GCSStore", "LocalDirectoryStore", "MemoryCheckpointStore", "S3Store"]
-
-CheckpointStore = ObjectStore
-
-
-class MemoryCheckpointStore(MemoryObjects):
-    """Checkpoints in process memory (tests, demos)."""
-
-    def __init__(self) -> None:
-        super().__init__(_Space(), "memory://checkpoints")
-
-
-class S3Store(ObstoreObjects):
-    """Checkpoints in an S3 bucket (or any S3-compatible server) through obstore.
-
-    ``S3Store("my-bucket", prefix="caravanserai", endpoint="http://127.0.0.1:5555",
-    access_key_id=..., secret_access_key=..., region=...)``; other keyword arguments go to
-    ``obstore.store.S3Store``. ``put_if_absent`` is a conditional create (``If-None-Match``).
-    """
-
-    def __init__(self, bucket: str, prefix: str | None = None, **config: Any) -> None:
-        from obstore.store import S3Store as ObstoreS3
-
-        endpoint = config.get("endpoint") or config.get("aws_endpoint")
-        options = dict(config.pop("client_options", {}) or {})
-        if endpoint and str(endpoint).startswith("http://"):
-            options.setdefault("allow_http", True)
-        super().__init__(ObstoreS3(bucket, prefix=prefix, client_options=options or None, **config),
-                         f"s3://{bucket}/{prefix or ''}")
-
-
-class GCSStore(ObstoreObjects):
-    """Checkpoints in a Google Cloud Storage bucket through obstore (``x-goog-if-generation-match: 0``
-    for ``put_if_absent``). Pass credentials (e.g. ``bearer_token=``) explicitly in tests: without
-    them obstore asks the GCE metadata server."""
-
-    def __init__(self, bucket: str, prefix: str | None = None, **config: Any) -> None:
-        from obstore.store import GCSStore as ObstoreGCS
-
-        options = dict(config.pop("client_options", {}) or {})
-        url = config.get("base_url") or ""
-        if str(url).startswith("http://"):
-            options.setdefault("allow_http", True)
-        super().__init__(ObstoreGCS(bucket, prefix=prefix, client_options=options or None, **config),
-                         f"gs://{bucket}/{prefix or ''}")
+CheckpointStore = Objects
+MemoryCheckpointStore = MemoryObjects  # MemoryCheckpointStore(): checkpoints in this process's memory
+S3Store = S3Objects
+GCSStore = GCSObjects

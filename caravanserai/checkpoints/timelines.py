@@ -49,8 +49,8 @@ def timeline(run_id: str, store: Store | str | None = None) -> list[Step]:
     events = require_events(run_id, store)
     committed = [e for e in events if e["type"] == "checkpoint_committed"]
     if committed:
-        from .log import CheckpointLog
         from .agent import DurableAgent
+        from .log import CheckpointLog
 
         ckpt = CheckpointLog(store, run_id).load(committed[-1]["checkpoint_id"])
         return [Step(i + 1, f"step {i + 1}", out) for i, out in enumerate(DurableAgent.outputs_of(ckpt))]

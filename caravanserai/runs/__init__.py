@@ -21,16 +21,19 @@ from .lifecycle import (
     require_events,
 )
 from .run import Run, Waypoint, launch_info
+from .view import RunView, inspect_run
 
 __all__ = [
     "Run",
     "RunScope",
+    "RunView",
     "Waypoint",
     "append_event",
     "close_all",
     "current_run",
     "durable",
     "identity_fields",
+    "inspect_run",
     "launch_info",
     "open_checked",
     "open_run",

@@ -9,15 +9,15 @@ function also takes an optional keyword-only ``store=`` (URL, path or Store; def
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from ..errors import InvalidRunId, NoCurrentRun
-from ..journal import RawJSON, check_text
 from ..ids import validate_run_id
+from ..journal import RawJSON, check_text, to_json
+from ..stores import Store, open_store
 from .lifecycle import current_run, durable, open_run, read_events, registry
 from .run import Waypoint
-from ..journal import to_json
-from ..stores import Store, open_store
 
 __all__ = ["checkpoint", "clean", "complete", "history", "last_updated", "load_command", "load_latest", "resumable"]
 

@@ -15,16 +15,17 @@ import hashlib
 import re
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator
 from datetime import timedelta
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, TypeVar
 
 from ..errors import ItemsChanged, NoCurrentRun, UsageError
-from ..journal import canonical
 from ..ids import validate_run_id
-from .progress import ProgressLine
-from .lifecycle import current_run, open_run
-from .run import Run
+from ..journal import canonical
 from ..stores import Store
+from .lifecycle import current_run, open_run
+from .progress import ProgressLine
+from .run import Run
 
 __all__ = ["fingerprint", "resumable_iterate"]
 
@@ -102,12 +103,12 @@ def _iterate(items, run_id, note, limits, key, show_progress, store) -> Iterator
     loop = run.next_iterate_loop() if in_scope else 0
     done = list(run.progress.get(loop, ()))
     # Items before `base` were done by 0.2.0 ({"_i": k} state): no fingerprints to check them by.
-    legacy_view = loop == 0 and run.legacy_offset is not None
+    legacy_offset = run.legacy_offset if loop == 0 else None
     if loop in run.progress_done:
         offset = run.progress_done[loop]
         base = offset - len(done)
     else:
-        base = offset = run.legacy_offset if legacy_view else 0
+        base = offset = legacy_offset if legacy_offset is not None else 0
     total = len(items) if hasattr(items, "__len__") else None
     by_identity = key is not None or isinstance(items, (set, frozenset))
     if not by_identity and total is not None and total < offset:
@@ -119,7 +120,7 @@ def _iterate(items, run_id, note, limits, key, show_progress, store) -> Iterator
     try:
         if by_identity:
             seen = set(done)
-            for position, item in enumerate(items):
+            for position, item in enumerate(items):  # noqa: B007 - `position` is read after the loop (the done count)
                 mark = fingerprint(key(item) if key is not None else item)
                 if mark in seen:
                     continue

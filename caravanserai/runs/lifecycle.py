@@ -16,8 +16,9 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, Literal
 
 from .. import journal
 from ..calls.ledger import Budget
@@ -114,7 +115,8 @@ def require_events(run_id: str, store: Store | str | None = None) -> list[dict]:
     """``read_events``, or RunNotFound naming the store when the run has none."""
     events = read_events(run_id, store)
     if not events:
-        raise RunNotFound(f"no checkpoints for run {run_id!r} in {open_store(store).url}; check the id with `caravanserai list`", run_id=run_id)
+        raise RunNotFound(f"no checkpoints for run {run_id!r} in {open_store(store).url}; "
+                          "check the id with `caravanserai list`", run_id=run_id)
     return events
 
 
@@ -136,7 +138,8 @@ def open_checked(run_id: str, store: Store | str | None, identity: dict[str, Any
     return run, owner
 
 
-def identity_fields(definition: Any = None, input: Any = None, budget: Any = None, session_id: str | None = None) -> tuple[dict, Any]:
+def identity_fields(definition: Any = None, input: Any = None, budget: Any = None,
+                    session_id: str | None = None) -> tuple[dict, Any]:
     """The identity a caller asserts (only what it gave) and the parsed budget."""
     parsed = Budget.of(budget)
     identity: dict[str, Any] = {}
@@ -168,7 +171,7 @@ class RunScope:
     def __init__(self, run_id: str, store: Store | str | None = None, identity: dict[str, Any] | None = None,
                  budget: Any = None, *, not_failures: tuple[type[BaseException], ...] = ()) -> None:
         self.run_id, self.store, self.identity, self.budget = run_id, store, identity or {}, budget
-        self.not_failures = (GeneratorExit, *not_failures)
+        self.not_failures: tuple[type[BaseException], ...] = (GeneratorExit, *not_failures)
         self.result: Any = None
         self.names: dict | None = None
         self.complete = True
@@ -185,7 +188,7 @@ class RunScope:
         self._token = _CURRENT.set(run)
         return run
 
-    def __exit__(self, etype: Any, error: Any, tb: Any) -> bool:
+    def __exit__(self, etype: Any, error: Any, tb: Any) -> Literal[False]:
         run = self.run
         assert run is not None
         try:

@@ -17,11 +17,11 @@ from __future__ import annotations
 import inspect
 import sys
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 from ..calls.journaled import fail_call, settle_call, start_call
-from ..errors import ClassNotAllowed
 from ..calls.models import Usage
+from ..errors import ClassNotAllowed
 from ..journal import canonical
 from .lifecycle import current_run
 from .values import resolve_class
@@ -74,7 +74,7 @@ def _journaled(create: Any, endpoint: str, provider: str, is_async: bool) -> Any
                 return await create(**kwargs)
             replayed, pending = begin(run, kwargs)
             if pending is None:
-                return _from_dict(replayed)
+                return _from_dict(cast(dict, replayed))  # start_call gives (response, None) or (None, pending)
             try:
                 response = await create(**kwargs)
             except BaseException as exc:
@@ -90,7 +90,7 @@ def _journaled(create: Any, endpoint: str, provider: str, is_async: bool) -> Any
             return create(**kwargs)
         replayed, pending = begin(run, kwargs)
         if pending is None:
-            return _from_dict(replayed)
+            return _from_dict(cast(dict, replayed))  # start_call gives (response, None) or (None, pending)
         try:
             response = create(**kwargs)
         except BaseException as exc:
@@ -128,8 +128,8 @@ def _from_dict(stored: dict) -> Any:
         return body
     main = getattr(sys.modules.get("__main__"), "__dict__", {})
     try:
-        cls = resolve_class(str(type_name), main, check=lambda c: hasattr(c, "model_validate"), kind="pydantic model")
-        return cls.model_validate(body)
+        cls: Any = resolve_class(str(type_name), main, check=lambda c: hasattr(c, "model_validate"), kind="pydantic model")
+        return cls.model_validate(body)  # check= let through only classes with model_validate
     except (ClassNotAllowed, ValueError, TypeError):
         return _namespace(body)
 

@@ -11,8 +11,9 @@ import os
 import socket
 import sys
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from .. import journal
 from .._version import __version__
@@ -37,7 +38,7 @@ class Waypoint:
     has_state: bool = True
 
     @classmethod
-    def from_event(cls, event: dict) -> "Waypoint":
+    def from_event(cls, event: dict) -> Waypoint:
         return cls(event["n"], event.get("note", ""), event.get("state"), event["at"], "state" in event)
 
 
@@ -244,9 +245,9 @@ class Run:
                   path: str = "run") -> Any:
         """Run a tool through the journal by its declared effect (read, idempotent, write, external)."""
         name = name or getattr(fn, "name", None) or fn.__name__
-        effect = effect or getattr(fn, "effect", "read")
+        declared = effect if effect else getattr(fn, "effect", "read")  # tool_call checks it is one of EFFECTS
         target = getattr(fn, "fn", fn)
-        return journaled.tool_call(self, target, dict(args or {}), name=name, path=f"{path}/{name}", effect=effect)
+        return journaled.tool_call(self, target, dict(args or {}), name=name, path=f"{path}/{name}", effect=declared)
 
     def receipt(self):
         """What this run has spent, all attempts together (a ``Receipt``)."""

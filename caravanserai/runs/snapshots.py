@@ -33,9 +33,9 @@ import os
 import pickle
 import re
 import types
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
-from . import values
 from ..errors import (
     CaravanseraiError,
     ClassNotAllowed,
@@ -45,6 +45,7 @@ from ..errors import (
     UntrustedPickle,
 )
 from ..journal import to_json
+from . import values
 
 __all__ = ["Snapshotter", "UntrustedPickle", "decode_value", "encode_value", "trust_store", "trusted"]
 

@@ -6,10 +6,11 @@ Both only read and return, so a status endpoint or a recovery sweep can call the
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from ..errors import JournalCorruptionError
-from ..calls.ledger import Ledger
+from .view import RunView
 
 __all__ = ["input_is_replayable", "journal_input", "run_summary"]
 
@@ -45,7 +46,7 @@ def input_is_replayable(value: Any) -> bool:
 
 
 def _events(lines: Iterable[Any]) -> list[dict]:
-    events = []
+    events: list[dict] = []
     for line in lines:
         event = json.loads(line) if isinstance(line, (str, bytes)) else line
         if not isinstance(event, dict) or "type" not in event:
@@ -59,28 +60,10 @@ def run_summary(lines: Sequence[Any]) -> dict[str, Any]:
 
     The whole journal is searched, not only its tail: a run that completed reads as completed
     whatever was appended after it. ``pending`` carries run_id, agent_id, input, started_at and
-    attempts; ``completed`` the result; ``failed`` code, message and receipt.
+    attempts; ``completed`` the result; ``failed`` code, message and receipt. The rules live in
+    the read model (``caravanserai.runs.view``), the one place that reads a journal for people.
     """
     events = _events(lines)
     if not events:
         return {"status": "missing"}
-    started = events[0]
-    run_id = started.get("run_id", "")
-    attempts = sum(1 for e in events if e["type"] in ("run_started", "attempt"))
-    base = {"run_id": run_id, "agent_id": started.get("agent_id"), "attempts": attempts, "started_at": started.get("at")}
-    completed = next((e for e in events if e["type"] == "run_completed"), None)
-    if completed is not None:
-        return {"status": "completed", **base, "result": completed.get("result"), "completed_at": completed.get("at")}
-    last = next((e for e in reversed(events) if e["type"] in ("run_failed", "attempt")), None)
-    if last is not None and last["type"] == "run_failed":
-        receipt = Ledger(run_id, events, attempts).receipt().to_dict()
-        return {"status": "failed", **base, "code": last.get("code"), "message": last.get("message"), "receipt": receipt}
-    summary = {"status": "pending", **base, "input": started.get("input")}
-    cancel = next((e for e in reversed(events) if e["type"] == "cancel_requested"), None)
-    if cancel is not None:
-        summary["cancel_requested"] = True
-    sleep = next((e for e in reversed(events) if e["type"] == "sleep"), None)
-    if sleep is not None:
-        summary["wake_at"] = sleep.get("wake_at")
-        summary["sleep_reason"] = sleep.get("reason")
-    return summary
+    return dict(RunView.from_events(events[0].get("run_id", ""), events).summary)

@@ -40,9 +40,10 @@ import io
 import math
 import sys
 import uuid
+from collections.abc import Callable, Iterable
 from decimal import Decimal
 from pathlib import Path, PosixPath, PurePath, PurePosixPath, PureWindowsPath
-from typing import Any, Callable, Iterable
+from typing import Any
 
 from ..errors import ClassNotAllowed, JournalCorruptionError, SerializationError, UsageError
 
@@ -143,7 +144,7 @@ class _Encoder:
             return {TAG: "enum", "class": class_ref(kind), "v": value.name}
         if isinstance(value, tuple) and hasattr(kind, "_fields"):
             return {TAG: "namedtuple", "class": class_ref(kind),
-                    "v": [self.encode(v, f"{path}.{f}") for f, v in zip(kind._fields, value)]}
+                    "v": [self.encode(v, f"{path}.{f}") for f, v in zip(kind._fields, value, strict=True)]}
         if _is_pydantic(kind):
             dumped = value.model_dump(mode="json")
             return {TAG: "pydantic", "class": class_ref(kind), "v": self.encode(dumped, path)}

@@ -14,6 +14,12 @@ URL                                    backend                         install
 (``http://`` on loopback only)
 =====================================  ==============================  ==========================
 
+Names: a journal store is a ``…Store`` (``LocalStore``, ``MemoryStore``, ``SqliteStore``,
+``PostgresStore``, ``SqlStore``, ``BucketStore``, ``HttpStore``), an object face is ``…Objects``
+(``LocalObjects``, ``MemoryObjects``, ``S3Objects``, ``GCSObjects``, ``ObstoreObjects``), all under
+the one ``Objects`` contract; the seed's names (``DiskDurableStore``, ``SqlDurableStore``,
+``HttpDurableStore``, ``ObjectDurableStore``, ``LocalDirectoryStore``...) stay as aliases.
+
 An unknown scheme raises ``UnknownStoreScheme`` listing the known ones; a scheme whose extra is
 missing raises ``MissingExtra`` naming the ``pip install`` to run; an unknown option, a malformed
 URL or a known scheme written without ``//`` (``sqlite:runs.db``: not a directory named
@@ -26,20 +32,26 @@ from __future__ import annotations
 import importlib
 import os
 import re
-from typing import Callable, Union
+from collections.abc import Callable
 
 from ..errors import InvalidStoreUrl, MissingExtra, UnknownStoreScheme
-from .base import _OPEN, Lease, ObjectStore, Store
-from .local.store import LocalDirectoryStore, LocalStore
-from .memory import MemoryStore
+from .base import _OPEN, IfVersion, Lease, Objects, ObjectStore, PrefixedObjects, PutMode, Store
+from .local.store import LocalDirectoryStore, LocalObjects, LocalStore
+from .memory import MemoryObjects, MemoryStore
 from .urls import redact
 
 __all__ = [
-    "LocalDirectoryStore",
-    "LocalStore",
+    "IfVersion",
     "Lease",
+    "LocalDirectoryStore",
+    "LocalObjects",
+    "LocalStore",
+    "MemoryObjects",
     "MemoryStore",
     "ObjectStore",
+    "Objects",
+    "PrefixedObjects",
+    "PutMode",
     "Store",
     "default_store_url",
     "open_store",
@@ -56,14 +68,14 @@ _SCHEMES: dict[str, tuple[str, str, str | None]] = {
     "sqlite": ("caravanserai.stores.sql", "SqliteStore", None),
     "postgresql": ("caravanserai.stores.postgres", "PostgresStore", "postgres"),
     "postgres": ("caravanserai.stores.postgres", "PostgresStore", "postgres"),
-    "s3": ("caravanserai.stores.objects", "ObjectDurableStore", "s3"),
-    "gs": ("caravanserai.stores.objects", "ObjectDurableStore", "s3"),
-    "az": ("caravanserai.stores.objects", "ObjectDurableStore", "s3"),
-    "http": ("caravanserai.stores.http", "HttpDurableStore", "http"),
-    "https": ("caravanserai.stores.http", "HttpDurableStore", "http"),
+    "s3": ("caravanserai.stores.objects", "BucketStore", "s3"),
+    "gs": ("caravanserai.stores.objects", "BucketStore", "s3"),
+    "az": ("caravanserai.stores.objects", "BucketStore", "s3"),
+    "http": ("caravanserai.stores.http", "HttpStore", "http"),
+    "https": ("caravanserai.stores.http", "HttpStore", "http"),
 }
 
-StoreLike = Union[Store, str, os.PathLike, None]
+StoreLike = Store | str | os.PathLike | None
 
 
 def register_scheme(scheme: str, module: str, class_name: str, extra: str | None = None) -> None:
@@ -85,7 +97,8 @@ def open_store(url: StoreLike = None) -> Store:
         return url
     if url is None:
         url = default_store_url()
-    cached = _OPEN.get(url)  # fast path: checkpoint() in a loop resolves the same store each call
+    # fast path: checkpoint() in a loop resolves the same store each call
+    cached = _OPEN.get(url) if isinstance(url, str) else None
     if cached is not None:
         return cached
     if isinstance(url, os.PathLike):

@@ -2,38 +2,57 @@
 
 Journal face (what a durable run needs): ``load`` the complete lines of a run's journal,
 ``append`` lines durably under a ``Lease`` from ``acquire``, ``list`` the runs, ``close``.
-Object face (``store.objects``, what checkpoint logs need): ``put``, ``get``, ``exists``,
-``list``, ``delete`` and an atomic ``put_if_absent``; objects written by ``put_if_absent`` are
-write-once. Stores move lines and bytes; numbering and hash-chaining live in
-``caravanserai.journal``, so every backend verifies the same way.
+Object face (``store.objects``, what checkpoint logs need): the ``Objects`` contract below —
+``put(key, data, mode=...)``, ``get``, ``exists``, ``list``, ``delete``, ``put_if_absent`` derived
+once from ``put(mode="create")``, and compare-and-swap where ``supports_cas`` says so. Stores move
+lines and bytes; numbering and hash-chaining live in ``caravanserai.journal``, so every backend
+verifies the same way.
 
 The public journal methods are implemented here once: they check the run id
 (``caravanserai.ids.validate_run_id``; read-only ones also accept an existing 0.2.0 name the
 backend vouches for with ``is_legacy_name``) and turn an ``OSError`` into ``StoreFull`` or
 ``StoreUnavailable``, then call the backend's ``_load``, ``_append``, ``_acquire``, ``_remove``...
-A backend implements the underscored methods and never sees an unchecked id.
+``append``'s prologue lives here too: the lease must be this store's lease on this run
+(``ForeignLease``), still held (``LeaseLost``), and ``seq`` must be the lease's ``next_seq``
+(``SequenceMismatch``); the base advances ``next_seq`` after the backend wrote. A backend
+implements the underscored methods and never sees an unchecked id or a stale sequence.
 """
 
 from __future__ import annotations
 
+import builtins
 import errno
 import json
 import os
 import socket
 from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any, ClassVar, Iterator, Sequence
+from typing import Any, ClassVar, Literal
 
 from .. import journal
-from ..errors import CaravanseraiError, LeaseLost, ObjectNotFound, StoreFull, StoreUnavailable
+from ..errors import (
+    CaravanseraiError,
+    ForeignLease,
+    InvalidObjectKey,
+    InvalidPutMode,
+    LeaseLost,
+    ObjectConditionalPutRequired,
+    ObjectNotFound,
+    ObjectPreconditionFailed,
+    SequenceMismatch,
+    StoreFull,
+    StoreUnavailable,
+)
 from ..ids import validate_run_id
 
-__all__ = ["Lease", "ObjectStore", "Store", "holder_info", "os_failure"]
+__all__ = ["IfVersion", "Lease", "ObjectStore", "Objects", "PrefixedObjects", "PutMode", "Store", "holder_info",
+           "os_failure"]
 
 FULL_ERRNOS = frozenset(e for e in (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", None)) if e is not None)
 
 # open_store()'s cache, URL -> store; Store.close() takes a store out of it.
-_OPEN: dict[str, "Store"] = {}
+_OPEN: dict[str, Store] = {}
 
 
 def os_failure(exc: OSError, where: str, what: str) -> StoreUnavailable:
@@ -68,13 +87,15 @@ def describe_holder(holder: dict[str, Any] | None) -> str:
 
 
 class Lease(ABC):
-    """Exclusive right to append to one run. ``token`` is the fencing token (grows on takeover)."""
+    """Exclusive right to append to one run. ``token`` is the fencing token (grows on takeover);
+    ``next_seq`` is the seq the next append must carry (``Store.append`` checks and advances it)."""
 
-    def __init__(self, store: "Store", run_id: str, token: int, holder: dict[str, Any]) -> None:
+    def __init__(self, store: Store, run_id: str, token: int, holder: dict[str, Any], next_seq: int = 0) -> None:
         self.store = store
         self.run_id = run_id
         self.token = token
         self.holder = holder
+        self.next_seq = next_seq
         self._released = False
 
     @property
@@ -103,23 +124,66 @@ class Lease(ABC):
     @abstractmethod
     def _release(self) -> None: ...
 
-    def __enter__(self) -> "Lease":
+    def __enter__(self) -> Lease:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.release()
 
 
-class ObjectStore(ABC):
-    """Bytes by key. ``put_if_absent`` is atomic: of concurrent writers exactly one wins."""
+class IfVersion:
+    """Put mode: replace the object only while its version is still ``version`` (compare-and-swap).
+
+    ``version`` is what ``put`` returned or ``get_versioned`` read (an e-tag, a generation...);
+    a put whose object changed or vanished meanwhile raises ``ObjectPreconditionFailed``.
+    """
+
+    __slots__ = ("version",)
+
+    def __init__(self, version: str) -> None:
+        if not isinstance(version, str) or not version:
+            raise InvalidPutMode(f"IfVersion needs the non-empty str version a put or get_versioned returned, got "
+                                 f"{version!r}", mode=repr(version))
+        self.version = version
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, IfVersion) and other.version == self.version
+
+    def __hash__(self) -> int:
+        return hash(("IfVersion", self.version))
+
+    def __repr__(self) -> str:
+        return f"IfVersion({self.version!r})"
+
+
+PutMode = Literal["overwrite", "create"] | IfVersion
+_PLAIN_MODES = ("overwrite", "create")
+
+
+class Objects(ABC):
+    """Bytes by key: the object face every backend implements (checkpoint logs, ``store.objects``).
+
+    A backend implements ``put``, ``get``, ``exists``, ``list`` and ``delete``; ``put_if_absent``
+    is derived here from ``put(mode="create")``. Put modes, as obstore's:
+
+    - ``"overwrite"`` (default) — write whatever is there;
+    - ``"create"`` — write only if ``key`` is absent, else ``ObjectPreconditionFailed``; of
+      concurrent creators exactly one wins (every backend), so created objects are write-once;
+    - ``IfVersion(v)`` — compare-and-swap: write only if the object's version is still ``v``, else
+      ``ObjectPreconditionFailed``. Only where ``supports_cas`` is True (elsewhere
+      ``ObjectConditionalPutRequired``), together with ``get_versioned``.
+
+    ``put`` returns the new version where the backend has versions (always when ``supports_cas``),
+    else None. A reader never sees a partial object; ``put`` is durable when it returns.
+    """
+
+    #: True when ``put(mode=IfVersion(...))`` and ``get_versioned`` work. A class-level fact for
+    #: most backends; an adapter whose capability depends on what it wraps makes it a property.
+    supports_cas: bool = False
 
     @abstractmethod
-    def put(self, key: str, data: bytes) -> None:
-        """Write ``data`` at ``key`` (overwriting); durable when it returns."""
-
-    @abstractmethod
-    def put_if_absent(self, key: str, data: bytes) -> bool:
-        """Write ``data`` only if ``key`` is absent; True if written, False if it existed."""
+    def put(self, key: str, data: bytes, *, mode: PutMode = "overwrite") -> str | None:
+        """Write ``data`` at ``key`` under ``mode`` (see the class); the new version, or None."""
 
     @abstractmethod
     def get(self, key: str) -> bytes:
@@ -136,23 +200,109 @@ class ObjectStore(ABC):
     def delete(self, key: str) -> bool:
         """Remove ``key``; True if it existed."""
 
+    def get_versioned(self, key: str) -> tuple[bytes, str] | None:
+        """``(bytes, version)`` at ``key`` (the version to pass to ``IfVersion``), None if absent."""
+        raise self._no_cas("get_versioned()")
+
+    # ---- derived once, here -------------------------------------------------------------
+    def put_if_absent(self, key: str, data: bytes) -> bool:
+        """Write ``data`` only if ``key`` is absent; True if written, False if it existed (atomic)."""
+        try:
+            self.put(key, data, mode="create")
+        except ObjectPreconditionFailed:
+            return False
+        return True
+
+    def check_mode(self, mode: object) -> PutMode:
+        """``mode`` if this face can honour it; InvalidPutMode / ObjectConditionalPutRequired otherwise."""
+        if isinstance(mode, IfVersion):
+            if not self.supports_cas:
+                raise self._no_cas("put(mode=IfVersion(...))")
+            return mode
+        if mode not in _PLAIN_MODES:
+            raise InvalidPutMode(f"put mode must be 'overwrite', 'create' or IfVersion(version), got {mode!r}",
+                                 mode=repr(mode))
+        return mode  # type: ignore[return-value]
+
+    def _no_cas(self, what: str) -> ObjectConditionalPutRequired:
+        return ObjectConditionalPutRequired(f"{what} needs compare-and-swap, which {self!r} does not offer "
+                                            "(supports_cas is False); use an object face that has it (memory, S3, "
+                                            "GCS, Azure)", what=what)
+
     def _missing(self, key: str) -> ObjectNotFound:
         return ObjectNotFound(f"no object at key {key!r} in {self!r}; check the key or the store", key=key)
+
+    def _exists(self, key: str, mode: PutMode) -> ObjectPreconditionFailed:
+        """The error for a put whose ``mode`` did not hold at ``key``."""
+        if mode == "create":
+            return ObjectPreconditionFailed(f"an object already exists at key {key!r} in {self!r}; a create never "
+                                            "overwrites", key=key)
+        return ObjectPreconditionFailed(f"the object at key {key!r} in {self!r} changed or vanished since version "
+                                        f"{getattr(mode, 'version', '?')}; read it again and retry", key=key)
 
     @staticmethod
     def check_key(key: str) -> str:
         """``key`` if it is a non-empty relative ``/``-path without empty, ``.`` or ``..`` segments."""
         if not isinstance(key, str) or not key or key.startswith("/") or "\x00" in key:
-            raise ValueError(f"object key must be a non-empty relative str, got {key!r}")
+            raise InvalidObjectKey(f"object key must be a non-empty relative str, got {key!r}"[:200], key=repr(key)[:100])
         if any(part in ("", ".", "..") for part in key.split("/")):
-            raise ValueError(f"object key {key!r} has an empty, '.' or '..' segment; use plain names joined by '/'")
+            raise InvalidObjectKey(f"object key {key!r} has an empty, '.' or '..' segment; use plain names joined by "
+                                   "'/'", key=key)
         return key
+
+
+ObjectStore = Objects  # the name before the object face became one contract
+
+
+class PrefixedObjects(Objects):
+    """The keys of another object face under ``prefix`` (a store's ``objects/`` area in a bucket)."""
+
+    def __init__(self, inner: Objects, prefix: str) -> None:
+        self.inner = inner
+        self.prefix = prefix
+
+    @property
+    def supports_cas(self) -> bool:  # type: ignore[override]
+        return self.inner.supports_cas
+
+    def _key(self, key: str) -> str:
+        return self.prefix + self.check_key(key)
+
+    def put(self, key: str, data: bytes, *, mode: PutMode = "overwrite") -> str | None:
+        mode = self.check_mode(mode)
+        try:
+            return self.inner.put(self._key(key), data, mode=mode)
+        except ObjectPreconditionFailed:
+            raise self._exists(key, mode) from None  # named by this face's key, not the bucket's
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self.inner.get(self._key(key))
+        except ObjectNotFound:
+            raise self._missing(key) from None
+
+    def get_versioned(self, key: str) -> tuple[bytes, str] | None:
+        return self.inner.get_versioned(self._key(key))
+
+    def exists(self, key: str) -> bool:
+        return self.inner.exists(self._key(key))
+
+    def list(self, prefix: str = "") -> list[str]:
+        base = self.prefix + prefix
+        return sorted(k[len(self.prefix):] for k in self.inner.list(base) if k.startswith(base))
+
+    def delete(self, key: str) -> bool:
+        return self.inner.delete(self._key(key))
+
+    def __repr__(self) -> str:
+        return f"{self.inner!r}/{self.prefix}"
 
 
 class Store(ABC):
     """A place where runs live. Select one with ``caravanserai.open_store(url)``.
 
-    Backends implement ``_load``, ``_append``, ``_acquire``, ``_remove``, ``list`` and ``objects``
+    Backends implement ``_load``, ``_append`` (a write: the lease and seq are checked here),
+    ``_acquire`` (a lease whose ``next_seq`` is the journal's length), ``_remove``, ``list`` and ``objects``
     (and optionally ``_load_held``, ``_last_updated``, ``_torn_tail``, ``_committed``,
     ``_refresh_views``, ``_close``); the public methods check ids and map errors once, here.
     """
@@ -190,17 +340,42 @@ class Store(ABC):
         with self._os_errors(f"reading run {run_id!r}"):
             return self._load(run_id)
 
+    def load_since(self, run_id: str, seq: int) -> builtins.list[str]:
+        """The journal lines from number ``seq`` on (what a follower has not read yet).
+
+        Backends that can read from an offset override ``_load_since``; the default loads all.
+        """
+        run_id = self._readable(run_id)
+        with self._os_errors(f"reading run {run_id!r}"):
+            return self._load_since(run_id, max(0, int(seq)))
+
+    def _load_since(self, run_id: str, seq: int) -> builtins.list[str]:
+        return self._load(run_id)[seq:]
+
     def append(self, run_id: str, lines: Sequence[str], *, lease: Lease, seq: int, sync: bool = True) -> None:
         """Append ``lines`` (the first has number ``seq``); durable when it returns.
 
         ``sync=False`` lets a backend defer durability to the next synced append (the local store
-        skips that fdatasync); backends whose every write is durable ignore it. Raises LeaseLost
-        if ``lease`` no longer holds the run: a fenced-off writer cannot append. A failed append
-        leaves the journal as it was.
+        skips that fdatasync); backends whose every write is durable ignore it. Raises
+        ``ForeignLease`` for a lease on another run or from another store, ``LeaseLost`` if
+        ``lease`` no longer holds the run (a fenced-off writer cannot append) and
+        ``SequenceMismatch`` unless ``seq`` is ``lease.next_seq``. A failed append leaves the
+        journal as it was; appending no lines is a no-op.
         """
         run_id = validate_run_id(run_id)
+        if not isinstance(lease, Lease) or lease.store is not self or lease.run_id != run_id:
+            raise ForeignLease(f"append to run {run_id!r} needs a lease on that run from {self._describe()} (acquire "
+                               "it from this store)", run_id=run_id)
+        lease.check()
+        if seq != lease.next_seq:
+            raise SequenceMismatch(f"append to run {run_id!r} at seq {seq}, but the journal's next seq is "
+                                   f"{lease.next_seq}", run_id=run_id, expected=lease.next_seq)
+        lines = list(lines)
+        if not lines:
+            return
         with self._os_errors(f"appending to run {run_id!r}"):
             self._append(run_id, lines, lease=lease, seq=seq, sync=sync)
+        lease.next_seq = seq + len(lines)
 
     def acquire(self, run_id: str) -> Lease:
         """Take the run's exclusive writer lease; RunLocked naming the holder if another has it."""
@@ -232,15 +407,17 @@ class Store(ABC):
 
     @property
     @abstractmethod
-    def objects(self) -> ObjectStore:
+    def objects(self) -> Objects:
         """The object face of this store."""
 
     # ---- what backends implement ----------------------------------------------------------
     @abstractmethod
-    def _load(self, run_id: str) -> list[str]: ...
+    def _load(self, run_id: str) -> builtins.list[str]: ...
 
     @abstractmethod
-    def _append(self, run_id: str, lines: Sequence[str], *, lease: Lease, seq: int, sync: bool = True) -> None: ...
+    def _append(self, run_id: str, lines: Sequence[str], *, lease: Lease, seq: int, sync: bool = True) -> None:
+        """Write ``lines`` durably (the prologue in ``append`` has checked the lease and ``seq``);
+        LeaseLost if the backend itself fences this writer off."""
 
     @abstractmethod
     def _acquire(self, run_id: str) -> Lease: ...
@@ -248,14 +425,14 @@ class Store(ABC):
     @abstractmethod
     def _remove(self, run_id: str) -> bool: ...
 
-    def _load_held(self, lease: Lease) -> list[str]:
+    def _load_held(self, lease: Lease) -> builtins.list[str]:
         return self._load(lease.run_id)
 
-    def _close(self) -> None:
+    def _close(self) -> None:  # noqa: B027 - optional hook: backends without connections keep the no-op
         """Release the backend's connections (default: nothing to release)."""
 
     # ---- derived helpers ----------------------------------------------------------------
-    def events(self, run_id: str) -> list[dict]:
+    def events(self, run_id: str) -> builtins.list[dict]:
         """The run's verified events (JournalCorruptionError on damage)."""
         run_id = self._readable(run_id)
         return journal.decode(run_id, self.load(run_id))[0]
@@ -292,7 +469,7 @@ class Store(ABC):
         except Exception:
             pass  # views are a convenience; the journal already holds the truth
 
-    def _committed(self, run_id: str, events: Sequence[dict]) -> None:
+    def _committed(self, run_id: str, events: Sequence[dict]) -> None:  # noqa: B027 - optional hook, no-op by default
         pass
 
     def refresh_views(self, run_id: str, events: Sequence[dict] | None = None, *, writer: bool = False) -> None:
@@ -301,7 +478,7 @@ class Store(ABC):
         with self._os_errors(f"reading run {run_id!r}"):
             self._refresh_views(run_id, events, writer=writer)
 
-    def _refresh_views(self, run_id: str, events: Sequence[dict] | None, *, writer: bool) -> None:
+    def _refresh_views(self, run_id: str, events: Sequence[dict] | None, *, writer: bool) -> None:  # noqa: B027 - optional hook
         pass
 
     def last_updated(self, run_id: str) -> float | None:
@@ -325,7 +502,7 @@ class Store(ABC):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:

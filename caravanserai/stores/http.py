@@ -1,14 +1,15 @@
 """``http(s)://host:port/prefix``: a journal kept by a service you run (``caravanserai serve``).
 
-``HttpDurableStore`` implements both faces of ``Store`` over the wire protocol in
-``docs/http-protocol.md`` with httpx (``pip install 'caravanserai[http]'``):
+``HttpStore`` (the seed's ``HttpDurableStore``) implements both faces of ``Store`` over the wire
+protocol in ``docs/http-protocol.md`` with httpx (``pip install 'caravanserai[http]'``):
 
 - the URL must be https outside localhost / 127.0.0.1 / ::1 (``HttpInsecure``), and a bearer
   token is required (``HttpTokenRequired``); ``from_url`` reads it from ``?token=`` or
   ``$CARAVANSERAI_HTTP_TOKEN``, and the token never appears in ``store.url`` or messages;
-- the run lock is an expiring lease (30 s by default, ``lock_ttl_ms``) renewed in the background
-  at a third of its length (``ExpiringLease``); the service fences appends by the lease token,
-  so a client paused past its lease cannot append after another took the run over;
+- the run lock is an expiring lease (30 s by default, ``lease_ttl_ms`` like every store; the
+  seed's ``lock_ttl_ms`` is still accepted, deprecated) renewed in the background at a third of
+  its length (``ExpiringLease``); the service fences appends by the lease token, so a client
+  paused past its lease cannot append after another took the run over;
 - every request has a timeout (``request_timeout_ms``, 10 s) and is retried with exponential
   backoff on connection errors and 5xx answers (``retries``, 3), never on 4xx; mutating requests
   carry an ``Idempotency-Key`` so a retried append or create is applied once. A service that
@@ -21,10 +22,14 @@ from __future__ import annotations
 import ipaddress
 import os
 import random
+import sys
 import time
 import uuid
+import warnings
 import weakref
-from typing import Any, Sequence
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from ..errors import (
@@ -35,22 +40,26 @@ from ..errors import (
     InvalidStoreUrl,
     JournalCorruptionError,
     LeaseLost,
+    LeaseTtlInvalid,
     MissingExtra,
     ObjectNotFound,
     RunLocked,
+    SequenceMismatch,
     StoreFull,
     StoreUnavailable,
 )
-from .base import Lease, ObjectStore, Store, holder_info
-from .leases import MIN_TTL, ExpiringLease
+from .base import Lease, Objects, PutMode, Store, holder_info
+from .leases import DEFAULT_TTL_MS, ExpiringLease, check_lease_ttl
 from .urls import parse_options, redact, split_url
 
-__all__ = ["HttpDurableStore", "HttpInsecure", "HttpTokenRequired", "HttpUnauthorized", "TOKEN_ENV", "PROTOCOL"]
+__all__ = ["HttpDurableStore", "HttpInsecure", "HttpObjects", "HttpStore", "HttpTokenRequired", "HttpUnauthorized",
+           "PROTOCOL", "TOKEN_ENV"]
 
 TOKEN_ENV = "CARAVANSERAI_HTTP_TOKEN"
 PROTOCOL = 1  # the /v1 wire protocol (docs/http-protocol.md)
 LOOPBACK_NAMES = ("localhost",)
-URL_OPTIONS = {"token": str, "lock_ttl_ms": int, "request_timeout_ms": int, "retries": int, "backoff_ms": int}
+URL_OPTIONS: dict[str, Callable[[str], Any]] = {"token": str, "lease_ttl_ms": int, "lock_ttl_ms": int,
+                                                "request_timeout_ms": int, "retries": int, "backoff_ms": int}
 _FINAL_CODES = frozenset({"store_full", "journal_corruption"})  # 5xx answers a retry cannot change
 
 
@@ -80,18 +89,15 @@ def _import_httpx() -> Any:
     return httpx
 
 
-class _SeqMismatch(ValueError):
-    pass
-
-
 class HttpLease(ExpiringLease):
     """The service's lease on one run: token, granted TTL, and where the next append goes."""
 
-    def __init__(self, store: "HttpDurableStore", run_id: str, token: int, holder: dict, ttl: float, started: float,
+    store: HttpStore
+
+    def __init__(self, store: HttpStore, run_id: str, token: int, holder: dict, ttl: float, started: float,
                  next_seq: int, snapshot: list[str]) -> None:
-        self.next_seq = next_seq
         self.snapshot: list[str] | None = snapshot
-        super().__init__(store, run_id, token, holder, ttl, started=started)
+        super().__init__(store, run_id, token, holder, ttl, started=started, next_seq=next_seq)
 
     def _renew(self) -> None:
         self.store._post(f"runs/{self.store._run(self.run_id)}/renew", {"token": self.token}, run_id=self.run_id)
@@ -102,20 +108,25 @@ class HttpLease(ExpiringLease):
                          retries=0)
 
 
-class HttpObjects(ObjectStore):
-    def __init__(self, store: "HttpDurableStore") -> None:
+class HttpObjects(Objects):
+    """The service's object face: ``"create"`` puts send ``If-None-Match: *`` (412 when the key exists);
+    the protocol has no versions, so no compare-and-swap."""
+
+    def __init__(self, store: HttpStore) -> None:
         self.store = store
 
     def _path(self, key: str) -> str:
         return "objects/" + quote(self.check_key(key), safe="/")
 
-    def put(self, key: str, data: bytes) -> None:
-        self.store._request("PUT", self._path(key), content=bytes(data), expect=(200, 201))
-
-    def put_if_absent(self, key: str, data: bytes) -> bool:
-        response = self.store._request("PUT", self._path(key), content=bytes(data), headers={"If-None-Match": "*"},
+    def put(self, key: str, data: bytes, *, mode: PutMode = "overwrite") -> None:
+        path, mode = self._path(key), self.check_mode(mode)
+        if mode == "overwrite":
+            self.store._request("PUT", path, content=bytes(data), expect=(200, 201))
+            return
+        response = self.store._request("PUT", path, content=bytes(data), headers={"If-None-Match": "*"},
                                        expect=(200, 201, 412))
-        return response.status_code != 412
+        if response.status_code == 412:
+            raise self._exists(key, mode)
 
     def get(self, key: str) -> bytes:
         response = self.store._request("GET", self._path(key), expect=(200, 404))
@@ -138,13 +149,14 @@ class HttpObjects(ObjectStore):
         return f"HttpObjects({self.store.url!r})"
 
 
-class HttpDurableStore(Store):
+class HttpStore(Store):
     """The journal and objects of a ``caravanserai serve`` service, over HTTP(S)."""
 
     scheme = "http"
 
-    def __init__(self, url: str, token: str | None, *, lock_ttl_ms: int = 30_000, request_timeout_ms: int = 10_000,
-                 retries: int = 3, backoff_ms: int = 100, transport: Any = None) -> None:
+    def __init__(self, url: str, token: str | None, *, lease_ttl_ms: int | None = None,
+                 request_timeout_ms: int = 10_000, retries: int = 3, backoff_ms: int = 100, transport: Any = None,
+                 lock_ttl_ms: int | None = None) -> None:
         try:
             parts = urlsplit(url)
             parts.port  # noqa: B018 - raises ValueError for a port that is not a number
@@ -167,14 +179,13 @@ class HttpDurableStore(Store):
                                     f"or set {TOKEN_ENV}", url=base)
         if not token.isascii() or not token.isprintable():
             raise InvalidStoreUrl("the journal token must be printable ASCII on one line", url=base)
-        if lock_ttl_ms < MIN_TTL * 1000:
-            raise InvalidStoreUrl(f"lock_ttl_ms must be at least {int(MIN_TTL * 1000)}, got {lock_ttl_ms}", url=base)
+        ttl_ms = _lease_ttl(lease_ttl_ms, lock_ttl_ms)
         if request_timeout_ms <= 0 or retries < 0 or backoff_ms < 0:
             raise InvalidStoreUrl("request_timeout_ms must be > 0, retries and backoff_ms >= 0", url=base)
         httpx = _import_httpx()
         self._httpx = httpx
         self.url = base
-        self.lock_ttl_ms = int(lock_ttl_ms)
+        self.lease_ttl_ms = ttl_ms
         self.request_timeout_ms = int(request_timeout_ms)
         self.retries = int(retries)
         self.backoff = backoff_ms / 1000
@@ -183,15 +194,27 @@ class HttpDurableStore(Store):
             headers={"Authorization": f"Bearer {token}", "User-Agent": "caravanserai-http-store"},
             timeout=httpx.Timeout(request_timeout_ms / 1000), follow_redirects=False, transport=transport,
         )
-        self._leases: "weakref.WeakSet[HttpLease]" = weakref.WeakSet()
+        self._leases: weakref.WeakSet[HttpLease] = weakref.WeakSet()
         self._objects = HttpObjects(self)
         self._closed = False
 
+    @property
+    def lock_ttl_ms(self) -> int:
+        """Deprecated name of ``lease_ttl_ms`` (the seed's ``lockTtlMs``)."""
+        return self.lease_ttl_ms
+
     @classmethod
-    def from_url(cls, url: str) -> "HttpDurableStore":
-        """``http(s)://host:port/prefix?token=…&lock_ttl_ms=…&request_timeout_ms=…&retries=…``."""
+    def from_url(cls, url: str) -> HttpStore:
+        """``http(s)://host:port/prefix?token=…&lease_ttl_ms=…&request_timeout_ms=…&retries=…``
+        (``lock_ttl_ms`` is the deprecated spelling of ``lease_ttl_ms``)."""
         parts = split_url(url, "https://host[:port][/prefix]")
         options = parse_options(parts.query, URL_OPTIONS, url)
+        if "lock_ttl_ms" in options:
+            old = options.pop("lock_ttl_ms")
+            if options.setdefault("lease_ttl_ms", old) != old:
+                raise InvalidStoreUrl(f"{redact(url)!r} sets both lease_ttl_ms and its deprecated spelling lock_ttl_ms; "
+                                      "keep lease_ttl_ms", url=redact(url), option="lock_ttl_ms")
+            _deprecated("the store URL option lock_ttl_ms is deprecated: use lease_ttl_ms, like every store")
         token = options.pop("token", None) or os.environ.get(TOKEN_ENV)
         return cls(urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")), token, **options)
 
@@ -217,8 +240,8 @@ class HttpDurableStore(Store):
             if attempt:
                 _sleep(self.backoff * (2 ** (attempt - 1)) * (0.5 + random.random() / 2))
             try:
-                response = self._client.request(method, self.url + path if path.startswith("/") else self._api + path, json=json, content=content, params=params,
-                                                headers=headers)
+                response = self._client.request(method, self.url + path if path.startswith("/") else self._api + path,
+                                                json=json, content=content, params=params, headers=headers)
             except httpx.TransportError as exc:
                 problem = f"{type(exc).__name__}: {str(exc) or 'no detail'}".replace("\n", " ")
                 continue
@@ -264,9 +287,11 @@ class HttpDurableStore(Store):
         if code == "lease_lost":
             return LeaseLost(message, run_id=body.get("run_id", run_id))
         if code == "seq_mismatch":
-            return _SeqMismatch(message)
+            return SequenceMismatch(message, run_id=body.get("run_id", run_id), expected=body.get("expected"))
         if code == "invalid_run_id":
             return InvalidRunId(message, run_id=run_id)
+        if code == "lease_ttl_invalid":
+            return LeaseTtlInvalid(message, option="ttl_ms")
         if code == "journal_corruption":
             return JournalCorruptionError(message, run_id=body.get("run_id", run_id))
         if code == "store_full":
@@ -287,16 +312,15 @@ class HttpDurableStore(Store):
         return list(self._json(self._request("GET", f"runs/{self._run(run_id)}", run_id=run_id))["lines"])
 
     def _load_held(self, lease: Lease) -> list[str]:
-        snapshot = getattr(lease, "snapshot", None)
-        if snapshot is None:
+        if not isinstance(lease, HttpLease) or lease.snapshot is None:
             return self._load(lease.run_id)
-        lease.snapshot = None  # only valid right after acquire
+        snapshot, lease.snapshot = lease.snapshot, None  # only valid right after acquire
         return snapshot
 
     def _acquire(self, run_id: str) -> HttpLease:
         started = time.monotonic()
         holder = {**holder_info(), "lease": uuid.uuid4().hex}
-        granted = self._post(f"runs/{self._run(run_id)}/acquire", {"holder": holder, "ttl_ms": self.lock_ttl_ms},
+        granted = self._post(f"runs/{self._run(run_id)}/acquire", {"holder": holder, "ttl_ms": self.lease_ttl_ms},
                              run_id=run_id)
         lease = HttpLease(self, run_id, int(granted["token"]), granted.get("holder") or {**holder, "token": granted["token"]},
                           int(granted["ttl_ms"]) / 1000, started, int(granted["next_seq"]), list(granted["lines"]))
@@ -304,23 +328,12 @@ class HttpDurableStore(Store):
         return lease
 
     def _append(self, run_id: str, lines: Sequence[str], *, lease: Lease, seq: int, sync: bool = True) -> None:
-        if not isinstance(lease, HttpLease) or lease.run_id != run_id or lease.store is not self:
-            raise ValueError(f"append to run {run_id!r} needs a lease on that run from this store")
-        lease.check()
-        if seq != lease.next_seq:
-            raise ValueError(f"append to run {run_id!r} at seq {seq}, but the journal's next seq is {lease.next_seq}")
-        lines = list(lines)
-        if not lines:
-            return
         try:
-            answer = self._post(f"runs/{self._run(run_id)}/append",
-                                {"token": lease.token, "seq": seq, "lines": lines, "sync": bool(sync)}, run_id=run_id)
+            self._post(f"runs/{self._run(run_id)}/append",
+                       {"token": lease.token, "seq": seq, "lines": list(lines), "sync": bool(sync)}, run_id=run_id)
         except LeaseLost as exc:
-            lease._lost = "the journal service refused the append (fenced)"
+            lease._lost = "the journal service refused the append (fenced)"  # type: ignore[attr-defined]
             raise LeaseLost(f"run {run_id!r}: the journal service refused this append: {exc.message}", run_id=run_id) from None
-        except _SeqMismatch as exc:
-            raise ValueError(f"append to run {run_id!r} at seq {seq} refused: {exc}") from None
-        lease.next_seq = int(answer["next_seq"])
 
     def list(self) -> list[str]:
         return sorted(self._json(self._request("GET", "runs"))["runs"])
@@ -341,8 +354,31 @@ class HttpDurableStore(Store):
         self._client.close()
 
     @property
-    def objects(self) -> ObjectStore:
+    def objects(self) -> Objects:
         return self._objects
+
+
+HttpDurableStore = HttpStore  # the seed's name
+
+
+def _lease_ttl(lease_ttl_ms: int | None, lock_ttl_ms: int | None) -> int:
+    """The lease TTL from ``lease_ttl_ms`` or its deprecated spelling ``lock_ttl_ms`` (not both)."""
+    if lock_ttl_ms is not None:
+        if lease_ttl_ms is not None and lease_ttl_ms != lock_ttl_ms:
+            raise LeaseTtlInvalid(f"pass lease_ttl_ms only (got lease_ttl_ms={lease_ttl_ms} and its deprecated "
+                                  f"spelling lock_ttl_ms={lock_ttl_ms})", lease_ttl_ms=lease_ttl_ms, option="lock_ttl_ms")
+        _deprecated("HttpStore(lock_ttl_ms=...) is deprecated: use lease_ttl_ms=, like every store")
+        return check_lease_ttl(lock_ttl_ms, option="lock_ttl_ms")
+    return check_lease_ttl(DEFAULT_TTL_MS if lease_ttl_ms is None else lease_ttl_ms)
+
+
+def _deprecated(message: str) -> None:
+    """A DeprecationWarning attributed to the first caller outside caravanserai (the user's line)."""
+    frame: FrameType | None = sys._getframe(1)
+    level = 2
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] == "caravanserai":
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, DeprecationWarning, stacklevel=level)
 
 
 def _error_body(response: Any) -> dict:

@@ -14,12 +14,16 @@ with ``serve(store_url)`` under uvicorn (``pip install 'caravanserai[http]'``).
   while the service runs.
 - **Fencing.** An append carries the lease token and its seq; a token that is not the current
   one, an expired lease or a wrong seq is refused with 409, whatever the client's clock says.
+- **Errors.** Library errors travel with their own ``code`` (``seq_mismatch`` is
+  ``SequenceMismatch``...) and the status of ``_ANSWERS``; ``ApiError`` is only for what the
+  protocol itself refuses (a malformed body, a body too large, an existing object).
 - **Retries.** Mutating requests may carry ``Idempotency-Key``; a repeat of a key the service has
   answered in the last 10 minutes gets the recorded answer instead of running again, so a client
   retrying after a lost response appends once and creates once.
 
 Blocking store calls (fsync, SQL) run in Starlette's thread pool; operations on one run are
-serialised by a lock striped over run ids, different runs proceed in parallel.
+serialised by a lock striped over run ids, different runs proceed in parallel. Routes are small
+module functions ``(app, request, body) -> response`` listed in ``_ROUTES``.
 """
 
 from __future__ import annotations
@@ -33,29 +37,30 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import (
     CaravanseraiError,
-    InvalidRunId,
     JournalCorruptionError,
     LeaseLost,
     MissingExtra,
     ObjectNotFound,
+    ObjectPreconditionFailed,
     RunLocked,
+    SequenceMismatch,
     StoreFull,
     StoreUnavailable,
 )
 from ..ids import validate_run_id
-from .base import Lease, ObjectStore, Store, describe_holder
-from .http import PROTOCOL, TOKEN_ENV, HttpDurableStore, HttpTokenRequired, is_loopback
+from .base import Lease, Objects, Store, describe_holder
+from .http import PROTOCOL, TOKEN_ENV, HttpStore, HttpTokenRequired, is_loopback
+from .leases import DEFAULT_TTL_MS, check_lease_ttl
 
-__all__ = ["JournalService", "check_bearer", "create_app", "serve"]
+__all__ = ["ApiError", "JournalService", "check_bearer", "create_app", "serve"]
 
-MIN_TTL_MS = 3_000
 MAX_TTL_MS = 600_000
-DEFAULT_TTL_MS = 30_000
 MAX_BODY_BYTES = 256 * 1024 * 1024
 MAX_HOLDER_BYTES = 4096
 REPLAY_SECONDS = 600.0
@@ -72,12 +77,20 @@ def check_bearer(header: str | None, expected: bytes) -> bool:
                                hashlib.sha256(expected).digest())
 
 
-class ApiError(Exception):
-    """An error answer: HTTP status, a stable ``code``, a one-line message and extra JSON fields."""
+class ApiError(CaravanseraiError):
+    """What the protocol itself refuses (malformed body, body too large, existing object): an HTTP
+    ``status``, a stable wire ``code`` (``bad_request`` by default), a one-line message and extra
+    JSON fields. Errors of the library (``SequenceMismatch``, ``RunLocked``...) are not wrapped:
+    ``_ANSWERS`` gives their status."""
+
+    code = "bad_request"
 
     def __init__(self, status: int, code: str, message: str, **fields: Any) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.fields = status, code, message, fields
+        super().__init__(message, status=status, code=code, **fields)
+
+    def answer_fields(self) -> dict[str, Any]:
+        """The extra JSON fields of the error body (not the status and code)."""
+        return {k: v for k, v in self.fields.items() if k not in ("status", "code")}
 
 
 @dataclass
@@ -87,8 +100,7 @@ class _Held:
     lease_id: str | None
     ttl: float
     expires_at: float  # the service's monotonic clock
-    backing: Lease
-    next_seq: int
+    backing: Lease  # its next_seq is the run's next seq (Store.append checks and advances it)
 
 
 class _Replay:
@@ -131,7 +143,7 @@ class JournalService:
 
     def __init__(self, store: Store, *, max_ttl_ms: int = MAX_TTL_MS, reap_every: float = 1.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        if isinstance(store, HttpDurableStore):
+        if isinstance(store, HttpStore):
             raise ValueError("the journal service must be backed by a local, SQL or object store, not another http(s):// one")
         self.store = store
         self.max_ttl_ms = max_ttl_ms
@@ -209,7 +221,7 @@ class JournalService:
                 lines = self.store.load_held(backing)
                 token = max(int(backing.token), self._last_token.get(run_id, 0) + 1)
                 held = _Held(token, {**holder, "token": token}, lease_id, ttl_ms / 1000, self.clock() + ttl_ms / 1000,
-                             backing, len(lines))
+                             backing)
                 with self._table:
                     self._held[run_id] = held
                     self._last_token[run_id] = token
@@ -224,8 +236,8 @@ class JournalService:
 
     @staticmethod
     def _grant(held: _Held, lines: list[str]) -> dict:
-        return {"token": held.token, "ttl_ms": int(held.ttl * 1000), "holder": held.holder, "next_seq": held.next_seq,
-                "lines": lines}
+        return {"token": held.token, "ttl_ms": int(held.ttl * 1000), "holder": held.holder,
+                "next_seq": held.backing.next_seq, "lines": lines}
 
     def _check(self, run_id: str, token: int, what: str) -> _Held:
         held = self._held.get(run_id)
@@ -253,27 +265,21 @@ class JournalService:
             return {"released": True}
 
     def append(self, run_id: str, token: int, seq: int, lines: list[str], sync: bool) -> dict:
+        """Append through the backing lease; its prologue refuses a wrong seq (``SequenceMismatch``)."""
         with self._lock(run_id):
             held = self._check(run_id, token, "append")
-            if seq != held.next_seq:
-                raise ApiError(409, "seq_mismatch", f"append to run {run_id!r} at seq {seq}, but the journal's next seq "
-                               f"is {held.next_seq}", run_id=run_id, expected=held.next_seq)
             try:
                 self.store.append(run_id, lines, lease=held.backing, seq=seq, sync=sync)
             except LeaseLost as exc:
                 self._drop(run_id, held)
                 raise LeaseLost(f"run {run_id!r}: the backing store refused the append ({exc}); open the run again",
                                 run_id=run_id) from None
-            except ValueError as exc:
-                raise ApiError(409, "seq_mismatch", f"the backing store refused the append to run {run_id!r}: {exc}",
-                               run_id=run_id) from None
-            held.next_seq += len(lines)
             if self._views:
                 try:
                     self.store.committed(run_id, [json.loads(line) for line in lines])
                 except Exception:
                     pass  # views are a convenience; the journal is the truth
-            return {"next_seq": held.next_seq}
+            return {"next_seq": held.backing.next_seq}
 
     def remove(self, run_id: str) -> dict:
         with self._lock(run_id):
@@ -317,164 +323,234 @@ def _error(status: int, code: str, message: str, **fields: Any) -> Any:
     return JSONResponse({"error": {"code": code, "message": message, **fields}}, status_code=status)
 
 
+def _answer(data: Any, status: int = 200) -> Any:
+    from starlette.responses import JSONResponse
+
+    return JSONResponse(data, status_code=status)
+
+
+# Library errors -> (HTTP status, the fields the error body carries); the first match wins, so a
+# subclass comes before its base. Other bad input (a CaravanseraiError that is a ValueError) is 400.
+_ANSWERS: tuple[tuple[type[CaravanseraiError], int, tuple[str, ...]], ...] = (
+    (RunLocked, 409, ("run_id", "holder")),
+    (LeaseLost, 409, ("run_id",)),
+    (SequenceMismatch, 409, ("run_id", "expected")),
+    (JournalCorruptionError, 422, ("run_id",)),
+    (StoreFull, 507, ()),
+    (ObjectNotFound, 404, ("key",)),
+    (ObjectPreconditionFailed, 412, ("key",)),
+    (StoreUnavailable, 503, ()),
+)
+
+
 def _error_for(exc: BaseException) -> Any:
+    """The JSON error answer for ``exc`` (never a traceback; fields only where ``_ANSWERS`` names them)."""
     if isinstance(exc, ApiError):
-        return _error(exc.status, exc.code, exc.message, **exc.fields)
-    if isinstance(exc, (RunLocked, LeaseLost)):
-        fields = {k: v for k, v in exc.to_dict().items() if k not in ("code", "message")}
-        return _error(409, exc.code, exc.message, **fields)
-    if isinstance(exc, InvalidRunId):
-        return _error(400, exc.code, exc.message)
-    if isinstance(exc, JournalCorruptionError):
-        return _error(422, exc.code, exc.message, run_id=exc.fields.get("run_id"))
-    if isinstance(exc, StoreFull):
-        return _error(507, exc.code, exc.message)
-    if isinstance(exc, ObjectNotFound):
-        return _error(404, exc.code, exc.message, key=exc.fields.get("key"))
-    if isinstance(exc, StoreUnavailable):
-        return _error(503, exc.code, exc.message)
+        return _error(exc.fields["status"], exc.fields["code"], exc.message, **exc.answer_fields())
     if isinstance(exc, CaravanseraiError):
-        return _error(500, exc.code, exc.message)
+        for kind, status, names in _ANSWERS:
+            if isinstance(exc, kind):
+                return _error(status, exc.code, exc.message, **{k: exc.fields[k] for k in names if k in exc.fields})
+        return _error(400 if isinstance(exc, ValueError) else 500, exc.code, exc.message)
     if isinstance(exc, ValueError):
         return _error(400, "bad_request", " ".join(str(exc).split()))
     return _error(500, "internal_error", f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+
+
+@dataclass
+class _App:
+    """What every route needs: the backing store, its lease table, the replay cache and the limits."""
+
+    store: Store
+    service: JournalService
+    replay: _Replay
+    expected: bytes  # the token
+    max_body_bytes: int
+
+    @property
+    def objects(self) -> Objects:
+        return self.store.objects
+
+
+Handler = Callable[[_App, Any, bytes], Any]
+
+
+# ---- routes: (app, request, body) -> response, run in the thread pool -------------------------------
+def _list_runs(app: _App, request: Any, body: bytes) -> Any:
+    return _answer({"runs": sorted(app.store.list())})
+
+
+def _load(app: _App, request: Any, body: bytes) -> Any:
+    lines = app.store.load(_run_id(request, app.store))
+    return _answer({"lines": lines, "next_seq": len(lines)})
+
+
+def _remove(app: _App, request: Any, body: bytes) -> Any:
+    return _answer(app.service.remove(_run_id(request, app.store)))
+
+
+def _acquire(app: _App, request: Any, body: bytes) -> Any:
+    data = _json_body(body)
+    holder = data.get("holder", {})
+    if not isinstance(holder, dict) or len(json.dumps(holder)) > MAX_HOLDER_BYTES:
+        raise ApiError(400, "bad_request", f"'holder' must be a JSON object of at most {MAX_HOLDER_BYTES} bytes")
+    ttl_ms = check_lease_ttl(_int(data, "ttl_ms", DEFAULT_TTL_MS), option="ttl_ms")
+    return _answer(app.service.acquire(_run_id(request), holder, ttl_ms))
+
+
+def _renew(app: _App, request: Any, body: bytes) -> Any:
+    return _answer(app.service.renew(_run_id(request), _int(_json_body(body), "token")))
+
+
+def _release(app: _App, request: Any, body: bytes) -> Any:
+    return _answer(app.service.release(_run_id(request), _int(_json_body(body), "token")))
+
+
+def _append(app: _App, request: Any, body: bytes) -> Any:
+    data = _json_body(body)
+    lines = data.get("lines")
+    if not isinstance(lines, list) or not lines or not all(isinstance(x, str) and "\n" not in x for x in lines):
+        raise ApiError(400, "bad_request", "'lines' must be a non-empty list of strings without newlines")
+    sync = data.get("sync", True)
+    if not isinstance(sync, bool):
+        raise ApiError(400, "bad_request", "'sync' must be true or false")
+    return _answer(app.service.append(_run_id(request), _int(data, "token"), _int(data, "seq"), lines, sync))
+
+
+def _list_objects(app: _App, request: Any, body: bytes) -> Any:
+    return _answer({"keys": sorted(app.objects.list(request.query_params.get("prefix", "")))})
+
+
+def _object_key(request: Any) -> str:
+    return Objects.check_key(request.path_params["key"])
+
+
+def _get_object(app: _App, request: Any, body: bytes) -> Any:
+    from starlette.responses import Response
+
+    return Response(app.objects.get(_object_key(request)), media_type="application/octet-stream")
+
+
+def _head_object(app: _App, request: Any, body: bytes) -> Any:
+    from starlette.responses import Response
+
+    return Response(b"", status_code=200 if app.objects.exists(_object_key(request)) else 404)
+
+
+def _delete_object(app: _App, request: Any, body: bytes) -> Any:
+    return _answer({"deleted": bool(app.objects.delete(_object_key(request)))})
+
+
+def _put_object(app: _App, request: Any, body: bytes) -> Any:
+    key = _object_key(request)
+    if request.headers.get("if-none-match", "").strip() == "*":
+        if app.objects.put_if_absent(key, body):
+            return _answer({"created": True}, 201)
+        return _error(412, "object_exists", f"an object already exists at key {key!r}", key=key)
+    app.objects.put(key, body)
+    return _answer({"written": True})
+
+
+async def _health(request: Any) -> Any:
+    return _answer({"status": "ok", "service": "caravanserai-journal", "protocol": PROTOCOL})
+
+
+# path, handler, methods, whether an Idempotency-Key replays it (acquire has its own retry: the holder's lease id)
+_ROUTES: tuple[tuple[str, Handler, tuple[str, ...], bool], ...] = (
+    ("/v1/runs", _list_runs, ("GET",), True),
+    ("/v1/runs/{run}", _load, ("GET",), True),
+    ("/v1/runs/{run}", _remove, ("DELETE",), True),
+    ("/v1/runs/{run}/acquire", _acquire, ("POST",), False),
+    ("/v1/runs/{run}/renew", _renew, ("POST",), True),
+    ("/v1/runs/{run}/release", _release, ("POST",), True),
+    ("/v1/runs/{run}/append", _append, ("POST",), True),
+    ("/v1/objects", _list_objects, ("GET",), True),
+    ("/v1/objects/{key:path}", _get_object, ("GET",), True),
+    ("/v1/objects/{key:path}", _head_object, ("HEAD",), True),
+    ("/v1/objects/{key:path}", _put_object, ("PUT",), True),
+    ("/v1/objects/{key:path}", _delete_object, ("DELETE",), True),
+)
+
+
+# ---- plumbing around every route ------------------------------------------------------------------
+def _handle(app: _App, fn: Handler, request: Any, body: bytes, key: tuple | None) -> Any:
+    """Run ``fn``, or answer a repeated Idempotency-Key with the recorded answer; errors become JSON."""
+    from starlette.responses import Response
+
+    if key is not None:
+        recorded = app.replay.begin(key)
+        if recorded is not None:
+            status, content, media = recorded
+            return Response(content, status_code=status, media_type=media, headers={"Idempotent-Replay": "true"})
+    response = None
+    try:
+        response = fn(app, request, body)
+    except Exception as exc:  # every failure is a JSON error answer
+        response = _error_for(exc)
+    finally:
+        if key is not None:
+            kept = None
+            if response is not None and response.status_code < 500 and len(response.body) <= REPLAY_MAX_BODY:
+                kept = (response.status_code, bytes(response.body), response.media_type)
+            app.replay.finish(key, kept)
+    return response
+
+
+def _refusal(app: _App, request: Any) -> Any | None:
+    """The answer for a request refused before reading it (token, declared size), or None."""
+    if not check_bearer(request.headers.get("authorization"), app.expected):
+        response = _error(401, "unauthorized", "missing or wrong bearer token")
+        response.headers["WWW-Authenticate"] = 'Bearer realm="caravanserai"'
+        return response
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > app.max_body_bytes:
+        return _error(413, "body_too_large", f"request bodies are limited to {app.max_body_bytes} bytes")
+    return None
+
+
+def _endpoint(app: _App, fn: Handler, replayed: bool) -> Callable[[Any], Any]:
+    """The Starlette endpoint for ``fn``: auth, body limits, Idempotency-Key, then the thread pool."""
+    from starlette.concurrency import run_in_threadpool
+
+    async def run(request: Any) -> Any:
+        refused = _refusal(app, request)
+        if refused is not None:
+            return refused
+        body = await request.body()
+        if len(body) > app.max_body_bytes:
+            return _error(413, "body_too_large", f"request bodies are limited to {app.max_body_bytes} bytes")
+        idem = request.headers.get("idempotency-key")
+        key = None
+        if idem and replayed and request.method not in ("GET", "HEAD"):
+            key = (request.method, request.url.path, idem[:200])
+        return await run_in_threadpool(_handle, app, fn, request, body, key)
+
+    return run
 
 
 def create_app(store: Store, token: str, *, max_ttl_ms: int = MAX_TTL_MS, max_body_bytes: int = MAX_BODY_BYTES) -> Any:
     """The Starlette app serving ``store`` to clients that present ``token``."""
     try:
         from starlette.applications import Starlette
-        from starlette.concurrency import run_in_threadpool
-        from starlette.responses import JSONResponse, Response
         from starlette.routing import Route
     except ImportError as exc:
         raise MissingExtra("the journal service needs Starlette and uvicorn: pip install 'caravanserai[http]'",
                            extra="http") from exc
     if not token or not isinstance(token, str) or not token.strip():
         raise HttpTokenRequired(f"the journal service needs a token: pass one or set {TOKEN_ENV}")
-    expected = token.strip().encode("utf-8", "surrogateescape")
     service = JournalService(store, max_ttl_ms=max_ttl_ms)
-    replay = _Replay()
-    objects: ObjectStore = store.objects
-
-    def handle(fn: Callable[[Any, bytes], Any], request: Any, body: bytes, key: tuple | None) -> Any:
-        if key is not None:
-            recorded = replay.begin(key)
-            if recorded is not None:
-                status, content, media = recorded
-                return Response(content, status_code=status, media_type=media, headers={"Idempotent-Replay": "true"})
-        response = None
-        try:
-            response = fn(request, body)
-        except Exception as exc:  # every failure is a JSON error answer
-            response = _error_for(exc)
-        finally:
-            if key is not None:
-                keep = response is not None and response.status_code < 500 and len(response.body) <= REPLAY_MAX_BODY
-                replay.finish(key, (response.status_code, bytes(response.body), response.media_type) if keep else None)
-        return response
-
-    def endpoint(fn: Callable[[Any, bytes], Any]) -> Callable[[Any], Any]:
-        async def run(request: Any) -> Any:
-            if not check_bearer(request.headers.get("authorization"), expected):
-                response = _error(401, "unauthorized", "missing or wrong bearer token")
-                response.headers["WWW-Authenticate"] = 'Bearer realm="caravanserai"'
-                return response
-            declared = request.headers.get("content-length")
-            if declared and declared.isdigit() and int(declared) > max_body_bytes:
-                return _error(413, "body_too_large", f"request bodies are limited to {max_body_bytes} bytes")
-            body = await request.body()
-            if len(body) > max_body_bytes:
-                return _error(413, "body_too_large", f"request bodies are limited to {max_body_bytes} bytes")
-            idem = request.headers.get("idempotency-key")
-            key = None
-            if idem and request.method not in ("GET", "HEAD") and fn is not acquire:
-                key = (request.method, request.url.path, idem[:200])
-            return await run_in_threadpool(handle, fn, request, body, key)
-
-        return run
-
-    # -- handlers (run in the thread pool) --
-    def list_runs(request: Any, body: bytes) -> Any:
-        return JSONResponse({"runs": sorted(store.list())})
-
-    def load(request: Any, body: bytes) -> Any:
-        lines = store.load(_run_id(request, store))
-        return JSONResponse({"lines": lines, "next_seq": len(lines)})
-
-    def remove(request: Any, body: bytes) -> Any:
-        return JSONResponse(service.remove(_run_id(request, store)))
-
-    def acquire(request: Any, body: bytes) -> Any:
-        data = _json_body(body)
-        holder = data.get("holder", {})
-        if not isinstance(holder, dict) or len(json.dumps(holder)) > MAX_HOLDER_BYTES:
-            raise ApiError(400, "bad_request", f"'holder' must be a JSON object of at most {MAX_HOLDER_BYTES} bytes")
-        ttl_ms = _int(data, "ttl_ms", DEFAULT_TTL_MS)
-        if ttl_ms < MIN_TTL_MS:
-            raise ApiError(400, "bad_request", f"ttl_ms must be at least {MIN_TTL_MS}")
-        return JSONResponse(service.acquire(_run_id(request), holder, ttl_ms))
-
-    def renew(request: Any, body: bytes) -> Any:
-        return JSONResponse(service.renew(_run_id(request), _int(_json_body(body), "token")))
-
-    def release(request: Any, body: bytes) -> Any:
-        return JSONResponse(service.release(_run_id(request), _int(_json_body(body), "token")))
-
-    def append(request: Any, body: bytes) -> Any:
-        data = _json_body(body)
-        lines = data.get("lines")
-        if not isinstance(lines, list) or not lines or not all(isinstance(x, str) and "\n" not in x for x in lines):
-            raise ApiError(400, "bad_request", "'lines' must be a non-empty list of strings without newlines")
-        sync = data.get("sync", True)
-        if not isinstance(sync, bool):
-            raise ApiError(400, "bad_request", "'sync' must be true or false")
-        return JSONResponse(service.append(_run_id(request), _int(data, "token"), _int(data, "seq"), lines, sync))
-
-    def list_objects(request: Any, body: bytes) -> Any:
-        return JSONResponse({"keys": sorted(objects.list(request.query_params.get("prefix", "")))})
-
-    def object_(request: Any, body: bytes) -> Any:
-        key = ObjectStore.check_key(request.path_params["key"])
-        method = request.method
-        if method == "GET":
-            return Response(objects.get(key), media_type="application/octet-stream")
-        if method == "HEAD":
-            return Response(b"", status_code=200 if objects.exists(key) else 404)
-        if method == "DELETE":
-            return JSONResponse({"deleted": bool(objects.delete(key))})
-        if request.headers.get("if-none-match", "").strip() == "*":
-            if objects.put_if_absent(key, body):
-                return JSONResponse({"created": True}, status_code=201)
-            return _error(412, "object_exists", f"an object already exists at key {key!r}", key=key)
-        objects.put(key, body)
-        return JSONResponse({"written": True})
-
-    async def health(request: Any) -> Any:
-        return JSONResponse({"status": "ok", "service": "caravanserai-journal", "protocol": PROTOCOL})
+    app = _App(store, service, _Replay(), token.strip().encode("utf-8", "surrogateescape"), max_body_bytes)
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: Any):
+    async def lifespan(_: Any):
         yield
         service.close()
 
-    app = Starlette(
-        routes=[
-            Route("/health", health, methods=["GET"]),
-            Route("/v1/runs", endpoint(list_runs), methods=["GET"]),
-            Route("/v1/runs/{run}", endpoint(load), methods=["GET"]),
-            Route("/v1/runs/{run}", endpoint(remove), methods=["DELETE"]),
-            Route("/v1/runs/{run}/acquire", endpoint(acquire), methods=["POST"]),
-            Route("/v1/runs/{run}/renew", endpoint(renew), methods=["POST"]),
-            Route("/v1/runs/{run}/release", endpoint(release), methods=["POST"]),
-            Route("/v1/runs/{run}/append", endpoint(append), methods=["POST"]),
-            Route("/v1/objects", endpoint(list_objects), methods=["GET"]),
-            Route("/v1/objects/{key:path}", endpoint(object_), methods=["GET", "HEAD", "PUT", "DELETE"]),
-        ],
-        lifespan=lifespan,
-    )
-    app.state.service = service
-    return app
+    routes = [Route("/health", _health, methods=["GET"])]
+    routes += [Route(path, _endpoint(app, fn, replayed), methods=list(methods)) for path, fn, methods, replayed in _ROUTES]
+    starlette = Starlette(routes=routes, lifespan=lifespan)
+    starlette.state.service = service
+    return starlette
 
 
 def serve(store_url: str, host: str = "127.0.0.1", port: int = 8765, token: str | None = None, *,
@@ -485,7 +561,7 @@ def serve(store_url: str, host: str = "127.0.0.1", port: int = 8765, token: str 
     The token comes from ``token`` or ``$CARAVANSERAI_HTTP_TOKEN``; without one the service
     refuses to start (``HttpTokenRequired``).
     """
-    from . import open_store
+    from caravanserai.stores import open_store  # absolute: this module is also imported as caravanserai.service
 
     token = token or os.environ.get(TOKEN_ENV)
     if not token or not token.strip():

@@ -7,6 +7,11 @@ daemon thread. It trusts its lease only until ``start of the last successful ren
 so a paused process (SIGSTOP, a laptop lid) stops writing when it wakes. Safety does not rest on
 clocks alone: every backend also *fences* appends with the token (SQL) or write-once journal keys
 (object storage), so a stale holder's append is rejected by the store itself.
+
+Every backend takes its TTL as ``lease_ttl_ms`` and checks it here, with ``check_lease_ttl``: one
+minimum (``MIN_TTL_MS``, 3000 ms: renewing at a third of it leaves a second of slack) and one
+error, ``LeaseTtlInvalid`` (the object store raises its seed-named subclass
+``ObjectLeaseTtlInvalid``).
 """
 
 from __future__ import annotations
@@ -17,17 +22,38 @@ import weakref
 from abc import abstractmethod
 from typing import Any
 
-from ..errors import LeaseLost
+from ..errors import LeaseLost, LeaseTtlInvalid
 from .base import Lease
 
-MIN_TTL = 3.0
+MIN_TTL_MS = 3000
+MIN_TTL = MIN_TTL_MS / 1000  # seconds, for callers of the earlier name
+DEFAULT_TTL_MS = 30_000
+
+
+def check_lease_ttl(ttl_ms: object, *, error: type[LeaseTtlInvalid] = LeaseTtlInvalid,
+                    option: str = "lease_ttl_ms") -> int:
+    """``ttl_ms`` as an int if it is a whole number of milliseconds of at least ``MIN_TTL_MS``.
+
+    Otherwise ``error`` (``LeaseTtlInvalid`` or a subclass a backend names), one line, naming
+    ``option`` (the argument or URL option the value came from).
+    """
+    if isinstance(ttl_ms, float) and ttl_ms.is_integer():
+        ttl_ms = int(ttl_ms)
+    if isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int):
+        raise error(f"{option} must be a whole number of milliseconds, at least {MIN_TTL_MS}ms (got {ttl_ms!r})",
+                    lease_ttl_ms=repr(ttl_ms), option=option, minimum=MIN_TTL_MS)
+    if ttl_ms < MIN_TTL_MS:
+        raise error(f"{option}: the lease must be at least {MIN_TTL_MS}ms (got {ttl_ms}ms)", lease_ttl_ms=ttl_ms,
+                    option=option, minimum=MIN_TTL_MS)
+    return int(ttl_ms)
 
 
 class ExpiringLease(Lease):
     """A lease with a TTL: background renewal, a local deadline, backend-specific renew/release."""
 
-    def __init__(self, store: Any, run_id: str, token: int, holder: dict[str, Any], ttl: float, *, started: float) -> None:
-        super().__init__(store, run_id, token, holder)
+    def __init__(self, store: Any, run_id: str, token: int, holder: dict[str, Any], ttl: float, *, started: float,
+                 next_seq: int = 0) -> None:
+        super().__init__(store, run_id, token, holder, next_seq)
         self.ttl = ttl
         self._deadline = started + 0.9 * ttl
         self._lost: str | None = None
@@ -84,7 +110,7 @@ class ExpiringLease(Lease):
         """Give the lease up in the backend (best effort)."""
 
 
-def _renew_loop(ref: "weakref.ref[ExpiringLease]", stop: threading.Event, every: float) -> None:
+def _renew_loop(ref: weakref.ref[ExpiringLease], stop: threading.Event, every: float) -> None:
     while not stop.wait(every):
         lease = ref()
         if lease is None or lease._released or lease._lost is not None:

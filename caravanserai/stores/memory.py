@@ -1,18 +1,23 @@
 """``memory://`` — an in-process store for tests and demos (gone when the process ends).
 
 Stores opened with the same ``memory://name`` URL in one process share their data, so a
-test can open a run twice and see one journal.
+test can open a run twice and see one journal. ``MemoryObjects`` is the object face on its own,
+with compare-and-swap (``supports_cas``), so stores built on object storage can be tested
+without a bucket.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
-from ..errors import InvalidStoreUrl, LeaseLost, RunLocked
-from .base import Lease, ObjectStore, Store, describe_holder, holder_info
+from ..errors import InvalidStoreUrl, RunLocked
+from .base import IfVersion, Lease, Objects, PutMode, Store, describe_holder, holder_info
 
-_SPACES: dict[str, "_Space"] = {}
+__all__ = ["MemoryObjects", "MemoryStore"]
+
+_SPACES: dict[str, _Space] = {}
 _SPACES_LOCK = threading.Lock()
 
 
@@ -22,7 +27,13 @@ class _Space:
         self.journals: dict[str, list[str]] = {}
         self.holders: dict[str, dict] = {}
         self.tokens: dict[str, int] = {}
-        self.objects: dict[str, bytes] = {}
+        self.objects: dict[str, tuple[bytes, str]] = {}  # key -> (data, version)
+        self.versions = itertools.count(1)  # never reused: a deleted and re-created key gets a new version
+
+
+def _named_space(name: str) -> _Space:
+    with _SPACES_LOCK:
+        return _SPACES.setdefault(name, _Space())
 
 
 class MemoryLease(Lease):
@@ -44,28 +55,38 @@ class MemoryLease(Lease):
                 del space.holders[self.run_id]
 
 
-class MemoryObjects(ObjectStore):
-    def __init__(self, space: _Space, url: str) -> None:
-        self._space = space
-        self._url = url
+class MemoryObjects(Objects):
+    """Objects in process memory, versioned: ``MemoryObjects()`` is private to the instance,
+    ``MemoryObjects("name")`` shares the objects of ``memory://name``."""
 
-    def put(self, key: str, data: bytes) -> None:
-        with self._space.lock:
-            self._space.objects[self.check_key(key)] = bytes(data)
+    supports_cas = True
 
-    def put_if_absent(self, key: str, data: bytes) -> bool:
+    def __init__(self, name: str | None = None, *, _space: _Space | None = None) -> None:
+        self._space = _space or (_named_space(name) if name is not None else _Space())
+        self._url = f"memory://{name}" if name is not None else "memory://"
+
+    def put(self, key: str, data: bytes, *, mode: PutMode = "overwrite") -> str:
+        key, mode, data = self.check_key(key), self.check_mode(mode), bytes(data)
         with self._space.lock:
-            if self.check_key(key) in self._space.objects:
-                return False
-            self._space.objects[key] = bytes(data)
-            return True
+            current = self._space.objects.get(key)
+            if mode == "create" and current is not None:
+                raise self._exists(key, mode)
+            if isinstance(mode, IfVersion) and (current is None or current[1] != mode.version):
+                raise self._exists(key, mode)
+            version = str(next(self._space.versions))
+            self._space.objects[key] = (data, version)
+            return version
 
     def get(self, key: str) -> bytes:
         with self._space.lock:
             try:
-                return self._space.objects[key]
+                return self._space.objects[key][0]
             except KeyError:
                 raise self._missing(key) from None
+
+    def get_versioned(self, key: str) -> tuple[bytes, str] | None:
+        with self._space.lock:
+            return self._space.objects.get(key)
 
     def exists(self, key: str) -> bool:
         with self._space.lock:
@@ -90,12 +111,11 @@ class MemoryStore(Store):
 
     def __init__(self, name: str = "") -> None:
         self.url = f"memory://{name}"
-        with _SPACES_LOCK:
-            self._space = _SPACES.setdefault(name, _Space())
-        self._objects = MemoryObjects(self._space, self.url)
+        self._space = _named_space(name)
+        self._objects = MemoryObjects(name, _space=self._space)
 
     @classmethod
-    def from_url(cls, url: str) -> "MemoryStore":
+    def from_url(cls, url: str) -> MemoryStore:
         """``memory://name``: stores of one name share their runs within this process; no options."""
         from .urls import split_url
 
@@ -114,16 +134,8 @@ class MemoryStore(Store):
 
     def _append(self, run_id: str, lines: Sequence[str], *, lease: Lease, seq: int, sync: bool = True) -> None:
         with self._space.lock:
-            if not lease.held:
-                lease.check()
-            journal = self._space.journals.setdefault(run_id, [])
-            if len(journal) != seq:
-                raise LeaseLost(
-                    f"run {run_id!r} has {len(journal)} events but this writer expected {seq}; "
-                    "another writer appended: open the run again",
-                    run_id=run_id,
-                )
-            journal.extend(lines)
+            lease.check()  # again under the lock: a release or takeover cannot slip in before the write
+            self._space.journals.setdefault(run_id, []).extend(lines)
 
     def _acquire(self, run_id: str) -> Lease:
         with self._space.lock:
@@ -138,7 +150,7 @@ class MemoryStore(Store):
             self._space.tokens[run_id] = token
             holder = holder_info(token)
             self._space.holders[run_id] = holder
-            return MemoryLease(self, run_id, token, holder)
+            return MemoryLease(self, run_id, token, holder, len(self._space.journals.get(run_id, ())))
 
     def list(self) -> list[str]:
         with self._space.lock:
@@ -155,5 +167,5 @@ class MemoryStore(Store):
             return self._space.journals.pop(run_id, None) is not None
 
     @property
-    def objects(self) -> ObjectStore:
+    def objects(self) -> Objects:
         return self._objects

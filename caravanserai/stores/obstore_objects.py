@@ -1,8 +1,11 @@
-"""The object face on object storage (S3, GCS, Azure, memory) through obstore.
+"""The object face on object storage (S3, GCS, Azure, memory) through obstore: ``ObstoreObjects``,
+and ``S3Objects`` / ``GCSObjects`` built from a bucket name (the seed's ``S3Store`` / ``GCSStore``).
 
-``put_if_absent`` is a conditional create (S3 ``If-None-Match: *``, GCS
-``x-goog-if-generation-match: 0``), so of concurrent writers exactly one wins, with no lock.
-Needs ``pip install 'caravanserai[s3]'``.
+Put modes are obstore's own: ``"create"`` is a conditional create (S3 ``If-None-Match: *``, GCS
+``x-goog-if-generation-match: 0``), so of concurrent writers exactly one wins, with no lock;
+``IfVersion(v)`` is obstore's update mode (``If-Match`` on the e-tag, or the GCS generation), so
+these faces have compare-and-swap (``supports_cas``). A version is the JSON of the e-tag and
+version the server sent. Needs ``pip install 'caravanserai[s3]'``.
 
 obstore reports failures as multi-line Rust debug dumps and, for some bad configurations, as a
 ``pyo3_runtime.PanicException`` (a ``BaseException``). Every one of them leaves here as a
@@ -12,12 +15,18 @@ cloud metadata service: a failed credentials lookup says which environment varia
 
 from __future__ import annotations
 
+import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import MissingExtra, StoreUnavailable
-from .base import ObjectStore
+from .base import IfVersion, Objects, PutMode
 from .urls import first_line, redact
+
+if TYPE_CHECKING:
+    from obstore.store import ClientConfig
+
+__all__ = ["GCSObjects", "ObstoreObjects", "S3Objects", "describe_failure"]
 
 
 def _obstore():
@@ -80,8 +89,10 @@ def describe_failure(error: BaseException, description: str) -> StoreUnavailable
                             url=description)
 
 
-class ObstoreObjects(ObjectStore):
+class ObstoreObjects(Objects):
     """Objects in any obstore store (``obstore.store.S3Store(...)``, ``GCSStore``, ``MemoryStore``...)."""
+
+    supports_cas = True
 
     def __init__(self, store: Any, description: str = "") -> None:
         self.store = store
@@ -103,17 +114,15 @@ class ObstoreObjects(ObjectStore):
                 raise describe_failure(error, self.description) from None
             raise
 
-    def put(self, key: str, data: bytes) -> None:
+    def put(self, key: str, data: bytes, *, mode: PutMode = "overwrite") -> str:
         obs, _ = _obstore()
-        self._call(obs.put, self.store, self.check_key(key), bytes(data))
-
-    def put_if_absent(self, key: str, data: bytes) -> bool:
-        obs, _ = _obstore()
+        key, mode = self.check_key(key), self.check_mode(mode)
+        wire: Any = json.loads(mode.version) if isinstance(mode, IfVersion) else mode
         try:
-            self._call(obs.put, self.store, self.check_key(key), bytes(data), mode="create")
-        except _Exists:
-            return False
-        return True
+            result = self._call(obs.put, self.store, key, bytes(data), mode=wire)
+        except (_Exists, _Missing):  # a create on an existing key; an update whose version moved or vanished
+            raise self._exists(key, mode) from None
+        return _version(result)
 
     def get(self, key: str) -> bytes:
         obs, _ = _obstore()
@@ -121,6 +130,18 @@ class ObstoreObjects(ObjectStore):
             return self._call(lambda: bytes(obs.get(self.store, key).bytes()))
         except _Missing:
             raise self._missing(key) from None
+
+    def get_versioned(self, key: str) -> tuple[bytes, str] | None:
+        obs, _ = _obstore()
+
+        def read() -> tuple[bytes, str]:  # the body streams: errors may surface while reading it
+            result = obs.get(self.store, key)
+            return bytes(result.bytes()), _version(result.meta)
+
+        try:
+            return self._call(read)
+        except _Missing:
+            return None
 
     def exists(self, key: str) -> bool:
         obs, _ = _obstore()
@@ -153,4 +174,52 @@ class ObstoreObjects(ObjectStore):
         return True
 
     def __repr__(self) -> str:
-        return f"ObstoreObjects({self.description})"
+        return f"{type(self).__name__}({self.description})"
+
+
+def _version(meta: Any) -> str:
+    """The version of an object as ``IfVersion`` carries it: the e-tag and version the server sent.
+
+    obstore 0.12 rejects None values in an update mode, so only what the server sent is kept.
+    """
+    return json.dumps({k: meta[k] for k in ("e_tag", "version") if meta.get(k) is not None}, sort_keys=True)
+
+
+def _with_http(config: dict[str, Any], *url_keys: str) -> ClientConfig:
+    """``client_options`` taken out of ``config``, with ``allow_http`` on when its endpoint is http://."""
+    options = dict(config.pop("client_options", {}) or {})
+    endpoint = next((config[k] for k in url_keys if config.get(k)), "")
+    if str(endpoint).startswith("http://"):
+        options.setdefault("allow_http", True)
+    return cast("ClientConfig", options)  # the caller's client_options: obstore checks them
+
+
+class S3Objects(ObstoreObjects):
+    """Objects in an S3 bucket (or any S3-compatible server) through obstore.
+
+    ``S3Objects("my-bucket", prefix="caravanserai", endpoint="http://127.0.0.1:5555",
+    access_key_id=..., secret_access_key=..., region=...)``; other keyword arguments go to
+    ``obstore.store.S3Store``. ``"create"`` puts send ``If-None-Match: *``, ``IfVersion`` ``If-Match``.
+    """
+
+    def __init__(self, bucket: str, prefix: str | None = None, **config: Any) -> None:
+        _obstore()
+        from obstore.store import S3Store as ObstoreS3
+
+        options = _with_http(config, "endpoint", "aws_endpoint")
+        super().__init__(ObstoreS3(bucket, prefix=prefix, client_options=options or None, **config),
+                         f"s3://{bucket}/{prefix or ''}")
+
+
+class GCSObjects(ObstoreObjects):
+    """Objects in a Google Cloud Storage bucket through obstore (``x-goog-if-generation-match: 0`` for
+    ``"create"`` puts). Pass credentials (e.g. ``bearer_token=``) explicitly in tests: without them
+    obstore asks the GCE metadata server."""
+
+    def __init__(self, bucket: str, prefix: str | None = None, **config: Any) -> None:
+        _obstore()
+        from obstore.store import GCSStore as ObstoreGCS
+
+        options = _with_http(config, "base_url")
+        super().__init__(ObstoreGCS(bucket, prefix=prefix, client_options=options or None, **config),
+                         f"gs://{bucket}/{prefix or ''}")

@@ -1,8 +1,8 @@
-"""``postgresql://…``: the shared store for a team, an ``SqlDurableStore`` on psycopg 3.
+"""``postgresql://…``: the shared store for a team, an ``SqlStore`` on psycopg 3.
 
 The URL is a libpq URL plus caravanserai's own query options, which are removed before
 connecting: ``table`` (default ``caravanserai_durable_journal``), ``lease_ttl_ms`` (30000) and
-``create_schema`` (``1`` to run ``SqlDurableStore.schema("postgres")``; otherwise the tables must
+``create_schema`` (``1`` to run ``SqlStore.schema("postgres")``; otherwise the tables must
 exist: ``caravanserai store init URL`` creates them). Every other option goes to libpq, which
 refuses the ones it does not know: that is an ``InvalidStoreUrl`` (one line, password redacted),
 and a server that cannot be reached is ``StoreUnavailable``. Needs
@@ -12,15 +12,17 @@ and a server that cannot be reached is ``StoreUnavailable``. Needs
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlunsplit
 
 from ..errors import InvalidStoreUrl, MissingExtra, StoreUnavailable
-from .sql import DEFAULT_TABLE, SqlDurableStore
+from .leases import DEFAULT_TTL_MS, check_lease_ttl
+from .sql import DEFAULT_TABLE, SqlStore
 from .urls import check_options, first_line, parse_bool, redact, split_url
 
 _BAD_OPTION = re.compile(r"connection is bad: invalid|invalid connection option|invalid \w+ value")
-_OURS = {"table": str, "lease_ttl_ms": int, "create_schema": parse_bool}
+_OURS: dict[str, Callable[[str], Any]] = {"table": str, "lease_ttl_ms": int, "create_schema": parse_bool}
 
 
 def psycopg_exec(dsn: str) -> Any:
@@ -59,10 +61,12 @@ def _redact(dsn: str) -> str:
     return redact(dsn)
 
 
-class PostgresStore(SqlDurableStore):
+class PostgresStore(SqlStore):
     scheme = "postgresql"
 
-    def __init__(self, dsn: str, *, table: str = DEFAULT_TABLE, lease_ttl_ms: int = 30_000, create_schema: bool = False) -> None:
+    def __init__(self, dsn: str, *, table: str = DEFAULT_TABLE, lease_ttl_ms: int = DEFAULT_TTL_MS,
+                 create_schema: bool = False) -> None:
+        lease_ttl_ms = check_lease_ttl(lease_ttl_ms)  # before connecting
         exec_ = psycopg_exec(dsn)
         try:
             super().__init__(exec_, "postgres", table, lease_ttl_ms=lease_ttl_ms, url=_redact(dsn),
@@ -72,7 +76,7 @@ class PostgresStore(SqlDurableStore):
             raise
 
     @classmethod
-    def from_url(cls, url: str) -> "PostgresStore":
+    def from_url(cls, url: str) -> PostgresStore:
         parts = split_url(url, "postgresql://user@host:5432/db?option=value")
         shown = _redact(url)
         try:
@@ -87,4 +91,4 @@ class PostgresStore(SqlDurableStore):
         return cls(dsn, **options)
 
     def _close(self) -> None:
-        self._exec.connection.close()  # type: ignore[attr-defined]
+        self._exec.connection.close()

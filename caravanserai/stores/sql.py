@@ -1,13 +1,15 @@
-"""SQL stores: ``SqlDurableStore`` over one ``exec(sql, params)`` callable, for SQLite and PostgreSQL.
+"""SQL stores: ``SqlStore`` (the seed's ``SqlDurableStore``) over one ``exec(sql, params)`` callable,
+for SQLite and PostgreSQL.
 
 The whole database dependency is ``exec(query, params)`` returning rows (sync or async), the
 shape every driver already has; ``dialect`` picks the placeholders (``?`` for sqlite, ``$1..$n``
-for postgres) and the clock expression. Three tables (``SqlDurableStore.schema(dialect)`` returns
+for postgres) and the clock expression. Three tables (``SqlStore.schema(dialect)`` returns
 the DDL; the store never creates or drops tables unless asked with ``create_schema=True``):
 
 - ``<table>`` — journal chunks: one row per append, primary key (run_id, chunk);
 - ``<table>_leases`` — one lease row per run: holder, fencing token, expiry (database clock, ms);
-- ``<table>_objects`` — the object face: key, bytes.
+- ``<table>_objects`` — the object face (``SqlObjects``): key, bytes; ``"create"`` puts are
+  ``INSERT … ON CONFLICT DO NOTHING``; no versions, so no compare-and-swap.
 
 Appends are fenced in the statement itself: the chunk is inserted only ``WHERE EXISTS`` a lease
 row with this writer's token that has not expired by the database's clock, so a writer paused past
@@ -23,12 +25,15 @@ import re
 import threading
 import time
 import uuid
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..errors import CaravanseraiError, InvalidStoreUrl, LeaseLost, RunLocked, StoreFull, StoreUnavailable
-from .base import ObjectStore, Store, describe_holder, holder_info, os_failure
-from .leases import MIN_TTL, ExpiringLease
+from .base import Objects, PutMode, Store, describe_holder, holder_info, os_failure
+from .leases import DEFAULT_TTL_MS, ExpiringLease, check_lease_ttl
 from .urls import first_line, parse_options, split_url
+
+__all__ = ["SqlDurableStore", "SqlObjects", "SqlStore", "SqliteStore", "sqlite_exec"]
 
 DEFAULT_TABLE = "caravanserai_durable_journal"
 _NOW = {
@@ -55,11 +60,12 @@ async def _await(awaitable: Any) -> Any:
 
 
 class SqlLease(ExpiringLease):
-    def __init__(self, store: "SqlDurableStore", run_id: str, token: int, holder: dict, ttl: float, started: float,
+    store: SqlStore
+
+    def __init__(self, store: SqlStore, run_id: str, token: int, holder: dict, ttl: float, started: float,
                  next_chunk: int, next_seq: int) -> None:
         self.next_chunk = next_chunk
-        self.next_seq = next_seq
-        super().__init__(store, run_id, token, holder, ttl, started=started)
+        super().__init__(store, run_id, token, holder, ttl, started=started, next_seq=next_seq)
 
     def _renew(self) -> None:
         rows = self.store._q("renew", (self.store.ttl_ms, self.run_id, self.token))
@@ -71,15 +77,19 @@ class SqlLease(ExpiringLease):
         self.store._q("release", (self.run_id, self.token))
 
 
-class SqlObjects(ObjectStore):
-    def __init__(self, store: "SqlDurableStore") -> None:
+class SqlObjects(Objects):
+    """The object face in ``<table>_objects`` (create-only puts by the primary key; no versions)."""
+
+    def __init__(self, store: SqlStore) -> None:
         self.store = store
 
-    def put(self, key: str, data: bytes) -> None:
-        self.store._q("put", (self.check_key(key), bytes(data)))
-
-    def put_if_absent(self, key: str, data: bytes) -> bool:
-        return bool(self.store._q("put_if_absent", (self.check_key(key), bytes(data))))
+    def put(self, key: str, data: bytes, *, mode: PutMode = "overwrite") -> None:
+        key, mode = self.check_key(key), self.check_mode(mode)
+        if mode == "create":
+            if not self.store._q("put_if_absent", (key, bytes(data))):
+                raise self._exists(key, mode)
+            return
+        self.store._q("put", (key, bytes(data)))
 
     def get(self, key: str) -> bytes:
         rows = self.store._q("get", (key,))
@@ -101,19 +111,19 @@ class SqlObjects(ObjectStore):
         return f"SqlObjects({self.store.url})"
 
 
-class SqlDurableStore(Store):
+class SqlStore(Store):
     """A journal and objects in SQL tables reached through one ``exec(sql, params)``."""
 
     scheme = "sql"
 
-    def __init__(self, sql: Any, dialect: str = "sqlite", table: str = DEFAULT_TABLE, *, lease_ttl_ms: int = 30_000,
-                 url: str | None = None, create_schema: bool = False, background_renew: bool = True) -> None:
+    def __init__(self, sql: Any, dialect: str = "sqlite", table: str = DEFAULT_TABLE, *,
+                 lease_ttl_ms: int = DEFAULT_TTL_MS, url: str | None = None, create_schema: bool = False,
+                 background_renew: bool = True) -> None:
         if dialect not in _NOW:
             raise ValueError(f"dialect must be 'sqlite' or 'postgres', got {dialect!r}")
-        if not _IDENT.fullmatch(table):
+        if not isinstance(table, str) or not _IDENT.fullmatch(table):
             raise ValueError(f"table name {table!r} must be a plain SQL identifier")
-        if lease_ttl_ms < MIN_TTL * 1000:
-            raise ValueError(f"lease_ttl_ms must be at least {int(MIN_TTL * 1000)}")
+        lease_ttl_ms = check_lease_ttl(lease_ttl_ms)
         fn = sql if callable(sql) else getattr(sql, "exec", None) or (sql.get("exec") if isinstance(sql, dict) else None)
         if not callable(fn):
             raise TypeError("sql must be exec(query, params) -> rows, or an object/dict with such an 'exec'")
@@ -172,7 +182,7 @@ class SqlDurableStore(Store):
             return StoreFull(f"the SQL store {self.url} is full ({type(exc).__name__}: {reason}): free disk space on "
                              "the database server or raise its quota, then retry; nothing was written", url=self.url)
         return StoreUnavailable(f"SQL store {self.url} failed: {type(exc).__name__}: {reason}; check the database "
-                                "connection and that the schema exists (SqlDurableStore.schema)", url=self.url)
+                                "connection and that the schema exists (SqlStore.schema)", url=self.url)
 
     def _q(self, name: str, params: Sequence[Any]) -> list:
         return self.exec(self._queries[name], params)
@@ -205,11 +215,6 @@ class SqlDurableStore(Store):
         return lease
 
     def _append(self, run_id: str, lines: Sequence[str], *, lease: Any, seq: int, sync: bool = True) -> None:
-        if not isinstance(lease, SqlLease) or lease.run_id != run_id or lease.store is not self:
-            raise ValueError(f"append to run {run_id!r} needs a lease on that run from this store")
-        lease.check()
-        if seq != lease.next_seq:
-            raise ValueError(f"append to run {run_id!r} at seq {seq}, but the journal's next seq is {lease.next_seq}")
         try:
             rows = self._q("append", (run_id, lease.next_chunk, seq, lease.token, "\n".join(lines), run_id, lease.token))
         except _Conflict:
@@ -219,7 +224,6 @@ class SqlDurableStore(Store):
             raise LeaseLost(f"run {run_id!r}: the store refused this append: the lease (token {lease.token}) expired or "
                             "was taken over by another writer; open the run again", run_id=run_id)
         lease.next_chunk += 1
-        lease.next_seq += len(lines)
 
     def list(self) -> list[str]:
         return sorted(r[0] for r in self._q("list", ()))
@@ -234,8 +238,11 @@ class SqlDurableStore(Store):
         return existed
 
     @property
-    def objects(self) -> ObjectStore:
+    def objects(self) -> Objects:
         return self._objects
+
+
+SqlDurableStore = SqlStore  # the seed's name
 
 
 class _Conflict(Exception):
@@ -336,13 +343,15 @@ _SQLITE_FORMS = ("use sqlite:///runs.db for a path relative to the current direc
                  "for an absolute one")
 
 
-class SqliteStore(SqlDurableStore):
+class SqliteStore(SqlStore):
     """``sqlite:///path.db``: an embedded store several local processes and kernels can share."""
 
     scheme = "sqlite"
 
-    def __init__(self, path: str, *, table: str = DEFAULT_TABLE, lease_ttl_ms: int = 30_000) -> None:
+    def __init__(self, path: str, *, table: str = DEFAULT_TABLE, lease_ttl_ms: int = DEFAULT_TTL_MS) -> None:
         import sqlite3
+
+        lease_ttl_ms = check_lease_ttl(lease_ttl_ms)  # before creating the file
 
         path = os.path.abspath(os.path.expanduser(path))
         url = f"sqlite:///{path}"
@@ -362,7 +371,7 @@ class SqliteStore(SqlDurableStore):
         self.path = path
 
     @classmethod
-    def from_url(cls, url: str) -> "SqliteStore":
+    def from_url(cls, url: str) -> SqliteStore:
         from urllib.parse import unquote
 
         parts = split_url(url, "sqlite:///runs.db")
@@ -376,4 +385,4 @@ class SqliteStore(SqlDurableStore):
         return cls(path, **options)
 
     def _close(self) -> None:
-        self._exec.connection.close()  # type: ignore[attr-defined]
+        self._exec.connection.close()

@@ -6,11 +6,12 @@ imported only when its names are used, so ``ScriptedModel`` works without them.
 
 from .scripted import ScriptedModel
 
-__all__ = ["ObjectStoreConformance", "ScriptedModel", "StoreConformance", "journal_machine", "make_lines"]
+__all__ = ["ObjectStoreConformance", "ObjectsConformance", "ScriptedModel", "StoreConformance", "journal_machine",
+           "make_lines"]
 
 
 def __getattr__(name: str):
-    if name in ("ObjectStoreConformance", "StoreConformance", "journal_machine", "make_lines"):
+    if name in ("ObjectStoreConformance", "ObjectsConformance", "StoreConformance", "journal_machine", "make_lines"):
         from . import conformance
 
         return getattr(conformance, name)

@@ -1,8 +1,10 @@
 """The store conformance suite: the same behaviour checked on every backend.
 
 Subclass ``StoreConformance`` in a test module and provide a ``store`` fixture that yields a
-fresh, empty store (or ``ObjectStoreConformance`` with an ``objects`` fixture for an object face
-alone, such as a checkpoint store); pytest then runs every case below against it::
+fresh, empty store (or ``ObjectsConformance`` with an ``objects`` fixture for an object face
+alone, such as a checkpoint store); pytest then runs every case below against it. The object
+cases read the face's ``supports_cas`` flag: compare-and-swap is checked where it is offered, and
+refused with ``ObjectConditionalPutRequired`` where it is not::
 
     class TestMyStore(StoreConformance):
         @pytest.fixture
@@ -17,15 +19,28 @@ from __future__ import annotations
 
 import threading
 import uuid
-from typing import Callable
+from collections.abc import Callable
+from typing import Any, cast
 
 import pytest
 
 from .. import journal
-from ..errors import InvalidRunId, JournalCorruptionError, LeaseLost, ObjectNotFound, RunLocked
-from ..stores.base import ObjectStore, Store
+from ..errors import (
+    ForeignLease,
+    InvalidObjectKey,
+    InvalidPutMode,
+    InvalidRunId,
+    JournalCorruptionError,
+    LeaseLost,
+    ObjectConditionalPutRequired,
+    ObjectNotFound,
+    ObjectPreconditionFailed,
+    RunLocked,
+    SequenceMismatch,
+)
+from ..stores.base import IfVersion, Lease, Objects, Store
 
-__all__ = ["ObjectStoreConformance", "StoreConformance", "journal_machine", "make_lines"]
+__all__ = ["ObjectStoreConformance", "ObjectsConformance", "StoreConformance", "journal_machine", "make_lines"]
 
 
 def make_lines(run_id: str, count: int, tail: journal.Tail | None = None, **fields) -> tuple[list[str], journal.Tail]:
@@ -34,10 +49,11 @@ def make_lines(run_id: str, count: int, tail: journal.Tail | None = None, **fiel
     return lines, new_tail
 
 
-class ObjectStoreConformance:
-    """Behaviour every object face must have: write-once ``put_if_absent``, atomic reads, listing."""
+class ObjectsConformance:
+    """Behaviour every object face must have: put modes, write-once creates, atomic reads, listing,
+    and compare-and-swap exactly where ``supports_cas`` says so."""
 
-    def test_objects_put_get_exists_delete(self, objects: ObjectStore) -> None:
+    def test_objects_put_get_exists_delete(self, objects: Objects) -> None:
         key = f"ckpt/{uuid.uuid4().hex}/a.bin"
         assert not objects.exists(key)
         objects.put(key, b"\x00\x01binary\xff")
@@ -52,13 +68,13 @@ class ObjectStoreConformance:
         with pytest.raises(KeyError):
             objects.get(key)
 
-    def test_objects_put_if_absent_is_write_once(self, objects: ObjectStore) -> None:
+    def test_objects_put_if_absent_is_write_once(self, objects: Objects) -> None:
         key = f"once/{uuid.uuid4().hex}"
         assert objects.put_if_absent(key, b"first") is True
         assert objects.put_if_absent(key, b"second") is False
         assert objects.get(key) == b"first"
 
-    def test_objects_put_if_absent_has_one_winner_under_contention(self, objects: ObjectStore) -> None:
+    def test_objects_put_if_absent_has_one_winner_under_contention(self, objects: Objects) -> None:
         key = f"race/{uuid.uuid4().hex}"
         wins: list[bytes] = []
         barrier = threading.Barrier(8)
@@ -76,7 +92,7 @@ class ObjectStoreConformance:
         assert len(wins) == 1
         assert objects.get(key) == wins[0]
 
-    def test_objects_list_by_prefix_sorted(self, objects: ObjectStore) -> None:
+    def test_objects_list_by_prefix_sorted(self, objects: Objects) -> None:
         base = f"l{uuid.uuid4().hex[:6]}"
         for name in ("b", "a", "sub/c", "sub/d"):
             objects.put(f"{base}/{name}", name.encode())
@@ -84,16 +100,89 @@ class ObjectStoreConformance:
         assert objects.list(f"{base}/sub/") == [f"{base}/sub/c", f"{base}/sub/d"]
 
     @pytest.mark.parametrize("key", ["", "/abs", "a/../b", "a//b"])
-    def test_objects_reject_bad_keys(self, objects: ObjectStore, key: str) -> None:
+    def test_objects_reject_bad_keys(self, objects: Objects, key: str) -> None:
         with pytest.raises(ValueError):
             objects.put(key, b"x")
+        with pytest.raises(InvalidObjectKey) as info:
+            objects.put(key, b"x", mode="create")
+        assert info.value.code == "invalid_object_key" and "\n" not in str(info.value)
+
+    def test_objects_create_mode_refuses_an_existing_key(self, objects: Objects) -> None:
+        key = f"create/{uuid.uuid4().hex}"
+        objects.put(key, b"first", mode="create")
+        with pytest.raises(ObjectPreconditionFailed) as info:
+            objects.put(key, b"second", mode="create")
+        assert info.value.code == "object_precondition_failed" and info.value.key == key
+        assert objects.get(key) == b"first"
+        objects.put(key, b"third", mode="overwrite")
+        assert objects.get(key) == b"third"
+
+    @pytest.mark.parametrize("mode", ["update", "", None, 0, "CREATE"])
+    def test_objects_refuse_unknown_put_modes(self, objects: Objects, mode: object) -> None:
+        key = f"mode/{uuid.uuid4().hex}"
+        with pytest.raises(InvalidPutMode) as info:
+            objects.put(key, b"x", mode=mode)  # type: ignore[arg-type]
+        assert info.value.code == "invalid_put_mode"
+        assert not objects.exists(key)
+
+    def test_objects_compare_and_swap_or_a_clear_refusal(self, objects: Objects) -> None:
+        key = f"cas/{uuid.uuid4().hex}"
+        if not objects.supports_cas:
+            objects.put(key, b"v1")
+            with pytest.raises(ObjectConditionalPutRequired):
+                objects.put(key, b"v2", mode=IfVersion("1"))
+            with pytest.raises(ObjectConditionalPutRequired):
+                objects.get_versioned(key)
+            assert objects.get(key) == b"v1"
+            return
+        assert objects.get_versioned(key) is None
+        first = objects.put(key, b"v1", mode="create")
+        assert isinstance(first, str) and first
+        assert objects.get_versioned(key) == (b"v1", first)
+        second = objects.put(key, b"v2", mode=IfVersion(first))
+        assert isinstance(second, str) and second != first
+        with pytest.raises(ObjectPreconditionFailed):  # a stale version: someone else wrote since
+            objects.put(key, b"stale", mode=IfVersion(first))
+        assert objects.get_versioned(key) == (b"v2", second)
+        objects.delete(key)
+        with pytest.raises(ObjectPreconditionFailed):  # the object vanished
+            objects.put(key, b"gone", mode=IfVersion(second))
+        assert not objects.exists(key)
+
+    def test_objects_compare_and_swap_has_one_winner_under_contention(self, objects: Objects) -> None:
+        if not objects.supports_cas:
+            pytest.skip(f"{objects!r} has no compare-and-swap (supports_cas is False)")
+        key = f"cas-race/{uuid.uuid4().hex}"
+        base = objects.put(key, b"base", mode="create")
+        assert base is not None
+        wins: list[bytes] = []
+        barrier = threading.Barrier(6)
+
+        def contend(i: int) -> None:
+            barrier.wait()
+            try:
+                objects.put(key, f"writer {i}".encode(), mode=IfVersion(base))
+            except ObjectPreconditionFailed:
+                return
+            wins.append(f"writer {i}".encode())
+
+        threads = [threading.Thread(target=contend, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(wins) == 1
+        assert objects.get(key) == wins[0]
 
 
-class StoreConformance(ObjectStoreConformance):
+ObjectStoreConformance = ObjectsConformance  # the name before the object face became one contract
+
+
+class StoreConformance(ObjectsConformance):
     """Behaviour every ``Store`` backend must have (journal face and object face)."""
 
     @pytest.fixture
-    def objects(self, store: Store) -> ObjectStore:
+    def objects(self, store: Store) -> Objects:
         return store.objects
 
     @pytest.fixture
@@ -144,13 +233,31 @@ class StoreConformance(ObjectStoreConformance):
             store.append(run_id, lines, lease=lease, seq=0)
         assert store.load(run_id) == []
 
-    def test_append_at_wrong_seq_is_refused(self, store: Store, run_id: str) -> None:
-        lines, _ = make_lines(run_id, 2)
+    def test_append_at_wrong_seq_is_a_sequence_mismatch(self, store: Store, run_id: str) -> None:
+        lines, _ = make_lines(run_id, 3)
         with store.acquire(run_id) as lease:
+            assert lease.next_seq == 0
             store.append(run_id, lines[:1], lease=lease, seq=0)
-            with pytest.raises((ValueError, LeaseLost)):
-                store.append(run_id, lines[1:], lease=lease, seq=5)
-        assert store.load(run_id) == lines[:1]
+            assert lease.next_seq == 1
+            for wrong in (5, 0):
+                with pytest.raises(SequenceMismatch) as info:
+                    store.append(run_id, lines[1:], lease=lease, seq=wrong)
+                assert info.value.code == "seq_mismatch" and info.value.expected == 1
+                assert isinstance(info.value, ValueError) and "\n" not in str(info.value)
+            assert store.load(run_id) == lines[:1]
+            store.append(run_id, lines[1:], lease=lease, seq=1)  # the lease is still good at the right seq
+        assert store.load(run_id) == lines
+        with store.acquire(run_id) as again:
+            assert again.next_seq == 3
+
+    def test_append_with_a_lease_on_another_run_is_refused(self, store: Store, run_id: str) -> None:
+        other = f"{run_id}-other"
+        lines, _ = make_lines(run_id, 1)
+        with store.acquire(other) as lease:
+            with pytest.raises(ForeignLease) as info:
+                store.append(run_id, lines, lease=lease, seq=0)
+            assert info.value.code == "foreign_lease"
+        assert store.load(run_id) == [] and store.load(other) == []
 
     def test_remove_deletes_and_respects_the_lock(self, store: Store, run_id: str) -> None:
         lines, _ = make_lines(run_id, 2)
@@ -182,7 +289,8 @@ class StoreConformance(ObjectStoreConformance):
         assert info.value.line == 3  # line 3 no longer chains to the edited line 2
 
     @pytest.mark.parametrize("bad", ["../x", "a/b", "CON", "nul.txt", "a.", "x" * 300, "", None])
-    def test_invalid_run_ids_are_refused_before_anything_is_written(self, store: Store, bad: object) -> None:
+    def test_invalid_run_ids_are_refused_before_anything_is_written(self, store: Store, bad: Any) -> None:
+        # `bad` is Any on purpose: the store must refuse whatever it is given, str or not
         before = store.list()
         for call in (lambda: store.acquire(bad), lambda: store.load(bad), lambda: store.remove(bad),
                      lambda: store.events(bad), lambda: store.torn_tail(bad), lambda: store.last_updated(bad)):
@@ -210,8 +318,8 @@ def journal_machine(make_store: Callable[[], Store]):
             self.run_id = f"sm-{uuid.uuid4().hex[:8]}"
             self.model: list[str] = []
             self.tail = journal.Tail()
-            self.lease = None
-            self.stale = None
+            self.lease: Lease | None = None
+            self.stale: Lease | None = None
 
         @rule()
         def acquire(self) -> None:
@@ -225,14 +333,14 @@ def journal_machine(make_store: Callable[[], Store]):
         @rule(count=st.integers(1, 4), text=st.text(max_size=20))
         def append(self, count: int, text: str) -> None:
             lines, _, tail = journal.encode([{"type": "t", "text": text}] * count, self.tail)
-            self.store.append(self.run_id, lines, lease=self.lease, seq=self.tail.seq)
+            self.store.append(self.run_id, lines, lease=cast(Lease, self.lease), seq=self.tail.seq)  # held: see @precondition
             self.model.extend(lines)
             self.tail = tail
 
         @precondition(lambda self: self.lease is not None)
         @rule()
         def release(self) -> None:
-            self.lease.release()
+            cast(Lease, self.lease).release()  # held: see @precondition
             self.stale, self.lease = self.lease, None
 
         @precondition(lambda self: self.stale is not None and self.lease is None)
@@ -240,7 +348,7 @@ def journal_machine(make_store: Callable[[], Store]):
         def stale_append_is_refused(self) -> None:
             lines, _, _ = journal.encode([{"type": "t"}], self.tail)
             with pytest.raises(LeaseLost):
-                self.store.append(self.run_id, lines, lease=self.stale, seq=self.tail.seq)
+                self.store.append(self.run_id, lines, lease=cast(Lease, self.stale), seq=self.tail.seq)
 
         @invariant()
         def load_matches_model(self) -> None:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
-from ..errors import ModelError
 from ..calls.models import Model, ModelResponse, Usage
+from ..errors import ModelError
 from ..journal import canonical
 
 

@@ -2,6 +2,7 @@
 # the "# ... do the actual work ..." line appends the step to steps.log (fsync) and sleeps SEED_STEP_DELAY s.
 from caravanserai import checkpoint, resumable
 
+
 @resumable
 def do_the_task(run_id, state):
     step = state.get("step", 0)

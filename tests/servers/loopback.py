@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
 
 # respond(method, path, request headers, request body) -> (status, response body, response headers);
 # Content-Length is added after those headers.

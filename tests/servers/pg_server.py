@@ -32,7 +32,7 @@ class PgServer:
     bin_dir: str | None = None
 
     @classmethod
-    def start(cls) -> "PgServer":
+    def start(cls) -> PgServer:
         if os.environ.get("TEST_PG_DSN"):
             return cls(os.environ["TEST_PG_DSN"])
         bin_dir = binaries()

@@ -33,7 +33,7 @@ class S3Server:
     endpoint: str
 
     @classmethod
-    def start(cls, timeout: float = 30.0) -> "S3Server":
+    def start(cls, timeout: float = 30.0) -> S3Server:
         port = free_port()
         exe = shutil.which("moto_server", path=os.path.dirname(sys.executable))
         cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
@@ -45,10 +45,10 @@ class S3Server:
             try:
                 urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1).read()
                 return cls(proc, endpoint)
-            except OSError:
+            except OSError as err:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     proc.kill()
-                    raise RuntimeError("moto_server did not start")
+                    raise RuntimeError("moto_server did not start") from err
                 time.sleep(0.05)
 
     def create_bucket(self, name: str) -> None:

@@ -30,8 +30,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 try:  # imported as servers.vllm_server (tests) or run as a script (sys.path[0] == tests/servers)
     from . import model_server as ms

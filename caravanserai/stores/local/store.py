@@ -30,17 +30,19 @@ import shutil
 import socket
 import stat
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from ... import journal
 from ...errors import InvalidRunId, InvalidStoreUrl, JournalCorruptionError, RunLocked
 from ...ids import is_legacy_readable, validate_run_id
-from .legacy import WAYPOINT_FILE, is_legacy_dir, read_legacy_run
-from ..base import Lease, ObjectStore, Store, describe_holder, holder_info, os_failure
-from .files import complete_lines, fsync_dir, make_dirs, valid_length, write_all, write_file_atomic
-from .views import RENDERER, is_stale, reconcile, views_lock
+from ..base import Lease, Objects, Store, describe_holder, holder_info, os_failure
 from ..urls import split_url
+from .files import complete_lines, fsync_dir, make_dirs, valid_length, write_all, write_file_atomic
+from .legacy import WAYPOINT_FILE, is_legacy_dir, read_legacy_run
+from .objects import LocalDirectoryStore, LocalObjects
+from .views import RENDERER, is_stale, reconcile, views_lock
 
 JOURNAL = "journal.jsonl"
 LOCK = "lock"
@@ -49,92 +51,14 @@ HOLDER_BYTES = 512
 HOLDER_WAIT = 2.0  # how long a contender re-reads a lock record that names no live holder yet
 
 
-# ---- the object face ------------------------------------------------------------------------
-class LocalDirectoryStore(ObjectStore):
-    """Objects as files under a directory: temp file + fsync + rename/link + directory fsync."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.root = Path(path).absolute()
-
-    def _path(self, key: str) -> Path:
-        return self.root / self.check_key(key)
-
-    def _failure(self, exc: OSError, what: str) -> Exception:
-        return os_failure(exc, f"local object store at {str(self.root)!r}", what)
-
-    def put(self, key: str, data: bytes) -> None:
-        path = self._path(key)
-        try:
-            make_dirs(path.parent)
-            write_file_atomic(path, bytes(data))
-        except OSError as exc:
-            raise self._failure(exc, f"writing object {key!r}") from exc
-
-    def put_if_absent(self, key: str, data: bytes) -> bool:
-        path = self._path(key)
-        try:
-            if path.exists():
-                return False
-            make_dirs(path.parent)
-            return write_file_atomic(path, bytes(data), exclusive=True)
-        except OSError as exc:
-            raise self._failure(exc, f"writing object {key!r}") from exc
-
-    def get(self, key: str) -> bytes:
-        try:
-            return self._path(key).read_bytes()
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            raise self._missing(key) from None
-        except OSError as exc:
-            raise self._failure(exc, f"reading object {key!r}") from exc
-
-    def exists(self, key: str) -> bool:
-        try:
-            return self._path(key).is_file()
-        except OSError as exc:
-            raise self._failure(exc, f"reading object {key!r}") from exc
-
-    def list(self, prefix: str = "") -> list[str]:
-        keys = []
-        try:
-            if not self.root.is_dir():
-                return []
-            for folder, _dirs, files in os.walk(self.root):
-                rel = Path(folder).relative_to(self.root).as_posix()
-                for name in files:
-                    if name.startswith(".") and name.endswith(".tmp"):
-                        continue
-                    key = name if rel == "." else f"{rel}/{name}"
-                    if key.startswith(prefix):
-                        keys.append(key)
-        except OSError as exc:
-            raise self._failure(exc, "listing objects") from exc
-        return sorted(keys)
-
-    def delete(self, key: str) -> bool:
-        path = self._path(key)
-        try:
-            os.unlink(path)
-            fsync_dir(path.parent)
-        except FileNotFoundError:
-            return False
-        except OSError as exc:
-            raise self._failure(exc, f"deleting object {key!r}") from exc
-        return True
-
-    def __repr__(self) -> str:
-        return f"LocalDirectoryStore({str(self.root)!r})"
-
-
 # ---- the journal face -----------------------------------------------------------------------
 class LocalLease(Lease):
-    def __init__(self, store: "LocalStore", run_id: str, token: int, holder: dict, lock_fd: int, run_dir: Path) -> None:
+    def __init__(self, store: LocalStore, run_id: str, token: int, holder: dict, lock_fd: int, run_dir: Path) -> None:
         super().__init__(store, run_id, token, holder)
         self.lock_fd = lock_fd
         self.run_dir = run_dir
         self.journal_fd: int | None = None
         self.size = 0
-        self.next_seq = 0
         self.snapshot: list[str] | None = None  # the journal's lines as acquire read them
 
     def _release(self) -> None:
@@ -160,10 +84,11 @@ class LocalStore(Store):
         self.url = self.root.as_uri()
         self.views = views
         self._dirs: dict[str, Path] = {}
-        self._objects = LocalDirectoryStore(self.root / OBJECTS)
+        self._read_marks: dict[str, tuple[int, int, int]] = {}  # run -> (lines read, bytes read, inode): load_since
+        self._objects = LocalObjects(self.root / OBJECTS)
 
     @classmethod
-    def from_url(cls, url: str) -> "LocalStore":
+    def from_url(cls, url: str) -> LocalStore:
         """A path, or ``file:///absolute/path`` (no host but localhost, no options)."""
         if url.startswith("file://"):
             from urllib.parse import unquote
@@ -236,6 +161,26 @@ class LocalStore(Store):
         legacy = read_legacy_run(run_dir, run_id) if run_dir.is_dir() else []
         return journal.encode(legacy, journal.Tail())[0] if legacy else []
 
+    def _load_since(self, run_id: str, seq: int) -> list[str]:
+        """Read on from where the last call stopped (same file, same line number), else read it all."""
+        path = self.run_dir(run_id) / JOURNAL
+        known = self._read_marks.get(run_id)
+        try:
+            stat = os.stat(path)
+        except FileNotFoundError:
+            return self._load(run_id)[seq:]
+        if known is None or known[0] != seq or known[2] != stat.st_ino or stat.st_size < known[1]:
+            lines = self._load(run_id)
+            self._read_marks[run_id] = (len(lines), sum(len(line.encode("utf-8")) + 1 for line in lines), stat.st_ino)
+            return lines[seq:]
+        with open(path, "rb") as handle:
+            handle.seek(known[1])
+            data = handle.read(stat.st_size - known[1])
+        end = data.rfind(b"\n") + 1  # a torn last line waits for the next read
+        lines = complete_lines(data[:end])
+        self._read_marks[run_id] = (seq + len(lines), known[1] + end, stat.st_ino)
+        return lines
+
     def _acquire(self, run_id: str) -> Lease:
         run_dir = self.run_dir(run_id)
         for _ in range(20):  # the run may be removed between our open and our flock: start again then
@@ -295,18 +240,13 @@ class LocalStore(Store):
         lease.snapshot = lines
 
     def _load_held(self, lease: Lease) -> list[str]:
-        snapshot = getattr(lease, "snapshot", None)
-        if snapshot is None:
+        if not isinstance(lease, LocalLease) or lease.snapshot is None:
             return self._load(lease.run_id)
-        lease.snapshot = None  # only valid right after acquire
+        snapshot, lease.snapshot = lease.snapshot, None  # only valid right after acquire
         return snapshot
 
     def _append(self, run_id: str, lines: Sequence[str], *, lease: Lease, seq: int, sync: bool = True) -> None:
-        if not isinstance(lease, LocalLease) or lease.run_id != run_id or lease.store is not self:
-            raise ValueError(f"append to run {run_id!r} needs a lease on that run from this store")
-        lease.check()
-        if seq != lease.next_seq:
-            raise ValueError(f"append to run {run_id!r} at seq {seq}, but the journal's next seq is {lease.next_seq}")
+        assert isinstance(lease, LocalLease)  # Store.append checked it is this store's lease on this run
         data = ("\n".join(lines) + "\n").encode("utf-8")
         if lease.journal_fd is None:
             lease.journal_fd = os.open(lease.run_dir / JOURNAL, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
@@ -323,7 +263,6 @@ class LocalStore(Store):
                 lease.release()  # cannot undo: stop this writer; the next one repairs the torn tail
             raise
         lease.size += len(data)
-        lease.next_seq += len(lines)
 
     def _committed(self, run_id: str, events: Sequence[dict]) -> None:
         if self.views:
@@ -412,7 +351,7 @@ class LocalStore(Store):
         return len(data) - valid_length(data)
 
     @property
-    def objects(self) -> ObjectStore:
+    def objects(self) -> Objects:
         return self._objects
 
 
@@ -581,4 +520,4 @@ def _journal_run_id(run_dir: Path) -> str | None:
         return None
 
 
-__all__ = ["LocalDirectoryStore", "LocalStore"]
+__all__ = ["LocalDirectoryStore", "LocalObjects", "LocalStore"]

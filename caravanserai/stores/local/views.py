@@ -19,11 +19,12 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from ...journal import RawJSON
 from .files import write_file_atomic
@@ -165,7 +166,8 @@ class ViewRenderer:
         self._flushing = 0
         self._last = 0.0
 
-    def submit(self, run_dir: Path, events: Iterable[dict] = (), *, reconcile_from: Callable[[], Sequence[dict]] | None = None) -> None:
+    def submit(self, run_dir: Path, events: Iterable[dict] = (), *,
+               reconcile_from: Callable[[], Sequence[dict]] | None = None) -> None:
         """Queue ``events`` for rendering, or (``reconcile_from``) a full reconcile from the journal."""
         with self._cond:
             pending = self._pending.setdefault(run_dir, _Pending())
@@ -220,7 +222,7 @@ class ViewRenderer:
                     self._cond.notify_all()
 
     def reset_after_fork(self) -> None:
-        self.__init__()
+        type(self).__init__(self)
 
 
 RENDERER = ViewRenderer()

@@ -1,0 +1,717 @@
+"""The read model: everything a person (or a panel) asks about a run, from ONE pass over its journal.
+
+``inspect_run(run_id, store=None) -> RunView`` reads and verifies the journal once (``journal.decode``:
+hash chain, sequence, version) and walks the events once: status, attempts and how each ended,
+waypoints, journaled model and tool calls (timing, tokens, USD, replayed or paid), loops, forks,
+parent, the checkpoint log's status and the receipt. Every money figure is revalidated with the
+ledger's own checks (``calls.ledger.record_from_event``): a tampered figure raises
+``JournalCorruptionError``, as ``caravanserai show`` and ``verify`` do. ``RunView.journal_df()`` and
+``calls_df()`` give pandas DataFrames (pandas is imported inside them, never at import time).
+
+The CLI (``list``, ``show``, ``resume``, ``verify``), the ``%caravanserai`` magic and the panels all
+read runs through this module, so a new event type is taught here, once. The schema is stable and
+documented in ``docs/read-model.md``.
+
+Times are the journal's strings (UTC ISO-8601); after a ``restarted`` event, ``status``, ``latest``,
+``loops`` and ``state(n)`` count from the restart (history stays listed); an unpriced call has
+``usd=None``, never 0; the checkpoint status follows ``checkpoints.log_status`` (a higher layer).
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from ..calls.ledger import CallRecord, Receipt, ResumeInfo, record_from_event
+from ..stores import Store, open_store
+from .api import readable_run_id
+from .event_text import describe
+from .lifecycle import require_events
+
+__all__ = ["AttemptView", "CallView", "CheckpointsView", "ForkView", "LoopView", "ParentView", "RunView",
+           "ToolCallView", "WaypointView", "follow_pass", "inspect_run"]
+
+ATTEMPT_ENDS = ("completed", "failed", "interrupted", "killed", "open", "imported")
+_ENDS = {"run_completed": "completed", "run_failed": "failed", "interrupted": "interrupted"}
+_DEFAULT_LOOP_NOTE = re.compile(r"processed item \d+/(\d+)")
+JOURNAL_COLUMNS = (("seq", "Int64"), ("at", "datetime64[ns, UTC]"), ("type", "string"), ("attempt", "Int64"),
+                   ("call_id", "string"), ("summary", "string"))
+CALLS_COLUMNS = (("call_id", "string"), ("kind", "string"), ("path", "string"), ("model", "string"),
+                 ("provider", "string"), ("tool", "string"), ("attempt", "Int64"), ("status", "string"),
+                 ("started_at", "datetime64[ns, UTC]"), ("settled_at", "datetime64[ns, UTC]"), ("duration_s", "float64"),
+                 ("prompt_tokens", "Int64"), ("completion_tokens", "Int64"), ("cached_tokens", "Int64"),
+                 ("total_tokens", "Int64"), ("usd", "float64"), ("priced", "bool"), ("paid", "bool"),
+                 ("replayed", "bool"), ("replayed_in", "string"), ("error", "string"), ("seq", "Int64"))
+
+
+# ---- the schema ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AttemptView:
+    """One attempt of the run: the first process (``run_started``) or a resume (``attempt``).
+
+    ``end``: ``completed`` / ``failed`` (``code``, ``message``) / ``interrupted`` (an
+    ``interrupted`` event) / ``killed`` (a later attempt started with no end recorded) / ``open``
+    (the last attempt, no end yet: still running, or killed and not resumed) / ``imported`` (the
+    history of a caravanserai 0.2.0/0.1.x directory: how it ended was never recorded).
+    """
+
+    number: int
+    seq: int
+    started_at: str
+    end: str
+    ended_at: str | None
+    last_event_at: str
+    events: int
+    code: str | None = None
+    message: str | None = None
+    pid: int | None = None
+    host: str | None = None
+    command: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class WaypointView:
+    """A waypoint: its number, note and time; the state itself on demand (``RunView.state(n)``)."""
+
+    n: int
+    seq: int
+    at: str
+    note: str
+    attempt: int
+    loop: int | None
+    has_state: bool
+    imported: bool = False
+    names: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CallView:
+    """One journaled call, model or tool (``kind``), from its intent to its result.
+
+    ``status``: ``settled`` (answered), ``failed`` (a server/tool error; a failed model call spent
+    nothing) or ``pending`` (intent, no result: in flight, or cut by a kill — a pending model call
+    may have been billed). ``paid``: a settled model call, billed once in ``attempt``;
+    ``replayed_in``: later attempts that were answered from the journal instead of calling again.
+    Tokens and ``usd`` are None unless it is a settled model call; ``usd`` is None when unpriced.
+    """
+
+    call_id: str
+    kind: str
+    path: str
+    attempt: int
+    status: str
+    started_at: str
+    settled_at: str | None
+    duration_s: float | None
+    seq: int
+    settled_seq: int | None = None
+    model: str | None = None
+    provider: str | None = None
+    tool: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    total_tokens: int | None = None
+    usd: float | None = None
+    priced: bool = False
+    paid: bool = False
+    replayed_in: tuple[int, ...] = ()
+    error: str | None = None
+
+    @property
+    def replayed(self) -> bool:
+        return bool(self.replayed_in)
+
+
+@dataclass(frozen=True)
+class ToolCallView:
+    """A journaled tool call and its declared effect.
+
+    ``status``: ``settled`` (a result), ``error`` (the tool raised), ``uncertain`` (a ``write`` or
+    ``external`` intent with no outcome: a resume stops with ToolEffectUncertain until it is
+    settled by hand) or ``pending`` (a ``read``/``idempotent`` intent with no outcome: a resume
+    re-drives it). ``drives``: intents journaled under this call id (2+ when re-driven).
+    """
+
+    call_id: str
+    path: str
+    tool: str
+    effect: str
+    args_sha256: str | None
+    attempt: int
+    status: str
+    intent_at: str
+    settled_at: str | None
+    duration_s: float | None
+    seq: int
+    settled_seq: int | None = None
+    drives: int = 1
+    settled_by: str | None = None
+    error: str | None = None
+    replayed_in: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class LoopView:
+    """A ``resumable_iterate`` loop (index within an attempt; a resume continues the same index)."""
+
+    loop: int
+    done: int
+    total: int | None
+    finished: bool
+    note: str
+    updated_at: str
+
+
+@dataclass(frozen=True)
+class ForkView:
+    """A fork made from this run's checkpoint log (``forked`` event); ``new_run_id`` None: inside this log."""
+
+    seq: int
+    at: str
+    checkpoint_id: str | None
+    source: str | None
+    node_id: str | None
+    new_run_id: str | None
+
+
+@dataclass(frozen=True)
+class ParentView:
+    """Where a forked run came from (``run_started.forked_from``): a checkpoint, or a journal position."""
+
+    run_id: str
+    checkpoint_id: str | None = None
+    seq: int | None = None
+
+
+@dataclass(frozen=True)
+class CheckpointsView:
+    """The run's checkpoint log, as ``checkpoints.log_status`` reports it."""
+
+    checkpoints: int
+    steps: int | None
+    steps_done: int | None
+    status: str
+    latest: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, eq=False)
+class RunView:
+    """Everything about one run, read in one pass. Build with ``inspect_run`` or ``RunView.from_events``."""
+
+    run_id: str
+    status: str
+    started_at: str | None
+    updated_at: str | None
+    events: int
+    attempts: tuple[AttemptView, ...]
+    waypoints: tuple[WaypointView, ...]
+    latest: WaypointView | None
+    calls: tuple[CallView, ...]
+    tools: tuple[ToolCallView, ...]
+    loops: Mapping[int, LoopView]
+    forks: tuple[ForkView, ...]
+    parent: ParentView | None
+    checkpoints: CheckpointsView | None
+    receipt: Receipt
+    summary: Mapping[str, Any]
+    result: Any = None
+    agent_id: str | None = None
+    imported_from: str | None = None
+    command: tuple[str, ...] | None = None
+    cwd: str | None = None
+    _events: Sequence[dict] = field(default=(), repr=False)
+    _states: Mapping[int, int] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_events(cls, run_id: str, events: Sequence[dict]) -> RunView:
+        """The view of verified events already in hand (``read_events``, a panel's live copy)."""
+        with _gc_paused():
+            return _Pass(run_id).feed(events).view()
+
+    # ---- on demand -------------------------------------------------------------------------
+    def state(self, n: int | WaypointView | None = None) -> Any:
+        """The state of waypoint ``n`` (default: the latest with a state), or of a WaypointView.
+
+        Numbers count from the last ``--restart``; KeyError when there is no such waypoint or it
+        holds no state (a loop waypoint next to a checkpoint() state, an older imported one).
+        """
+        if isinstance(n, WaypointView):
+            event = self._events[n.seq]
+        elif n is None:
+            if self.latest is None:
+                raise KeyError(f"run {self.run_id!r} has no waypoint with a state")
+            event = self._events[self.latest.seq]
+        else:
+            index = self._states.get(n)
+            if index is None:
+                raise KeyError(f"run {self.run_id!r} has no waypoint {n!r}")
+            event = self._events[index]
+        if "state" not in event:
+            raise KeyError(f"waypoint {event.get('n')} of run {self.run_id!r} holds no state (a note only)")
+        return event["state"]
+
+    def event(self, seq: int) -> dict:
+        """The journal event at ``seq`` (a call's response, a tool's arguments...). Do not modify it."""
+        return self._events[seq]
+
+    def raw_events(self) -> Sequence[dict]:
+        """The verified events this view was built from (do not modify them)."""
+        return self._events
+
+    @property
+    def own_attempts(self) -> int:
+        """Attempts run by this caravanserai (an imported 0.2.0 history is not one)."""
+        return sum(1 for a in self.attempts if a.end != "imported")
+
+    # ---- the CLI's summary (``caravanserai show/list --json``) ------------------------------
+    def as_summary(self) -> dict[str, Any]:
+        """The dict ``caravanserai show --json`` prints (the shape earlier releases printed)."""
+        latest = self.latest
+        return {
+            "run_id": self.run_id, "status": self.status, "attempts": len(self.attempts),
+            "waypoints": self.waypoints[-1].n if self.waypoints else 0,
+            "latest": None if latest is None else {"n": latest.n, "note": latest.note, "state": self.state(latest),
+                                                   "at": latest.at},
+            "items_done": {loop: view.done for loop, view in self.loops.items()},
+            "checkpoints": None if self.checkpoints is None else self.checkpoints.to_dict(),
+            "started_at": self.started_at, "updated_at": self.updated_at,
+            "command": None if self.command is None else list(self.command), "cwd": self.cwd,
+            "imported_from": self.imported_from, "events": self.events, "receipt": self.receipt.to_dict(),
+            "summary": dict(self.summary),
+        }
+
+    # ---- DataFrames (pandas imported here only) ---------------------------------------------
+    def journal_df(self) -> Any:
+        """One row per event: seq, at, type, attempt, call_id, summary (see docs/read-model.md)."""
+        import numpy as np
+        import pandas as pd
+
+        events = self._events
+        with _gc_paused():
+            seq = np.fromiter((e["seq"] for e in events), dtype=np.int64, count=len(events))
+            starts = np.fromiter((a.seq for a in self.attempts), dtype=np.int64, count=len(self.attempts))
+            attempt = np.searchsorted(starts, seq, side="right")
+            attempts = pd.array(attempt, dtype="Int64")
+            attempts[attempt == 0] = pd.NA  # before any run_started (not written by caravanserai)
+            call_ids = [e.get("call_id") if "call_id" in e else _settled_id(e) for e in events]
+            return pd.DataFrame({
+                "seq": pd.array(seq, dtype="Int64"), "at": _times(pd, [e["at"] for e in events]),
+                "type": pd.array([e["type"] for e in events], dtype="string"), "attempt": attempts,
+                "call_id": pd.array(call_ids, dtype="string"),
+                "summary": pd.array([describe(e) for e in events], dtype="string"),
+            })
+
+    def calls_df(self) -> Any:
+        """One row per journaled call (model and tool), the CallView fields (see docs/read-model.md)."""
+        import pandas as pd
+
+        calls = self.calls
+        data: dict[str, Any] = {}
+        for name, dtype in CALLS_COLUMNS:
+            values = [getattr(c, name) for c in calls]
+            if dtype == "datetime64[ns, UTC]":
+                data[name] = _times(pd, values)
+            elif name == "replayed_in":
+                data[name] = pd.array([", ".join(map(str, v)) or None for v in values], dtype=dtype)
+            elif dtype == "float64":
+                data[name] = pd.array([float("nan") if v is None else v for v in values], dtype=dtype)
+            else:
+                data[name] = pd.array(values, dtype=dtype)
+        return pd.DataFrame(data)
+
+
+def follow_pass(run_id: str) -> _Pass:
+    """A pass that can be extended as events arrive (``runs.follow.Follower``); ``view()`` any time."""
+    return _Pass(run_id)
+
+
+def inspect_run(run_id: str, store: Store | str | None = None) -> RunView:
+    """Read ``run_id``'s journal once (verified) and return its ``RunView``.
+
+    ``store``: a Store, URL or path (default ``$CARAVANSERAI_STORE`` or ``./.caravanserai``).
+    Raises RunNotFound when the run has no journal, JournalCorruptionError when a line or a
+    journaled figure fails verification, InvalidRunId for an id that names no run.
+    """
+    resolved = open_store(store)
+    run_id = readable_run_id(run_id, resolved)
+    with _gc_paused():
+        return RunView.from_events(run_id, require_events(run_id, resolved))
+
+
+# ---- the one pass --------------------------------------------------------------------------------
+class _Pass:
+    """Walks the events once, keeping what the view needs; ``view()`` freezes it."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.events: Sequence[dict] = ()
+        self.attempts: list[dict] = []  # {"index", "event", "end", "end_event"}
+        self.attempt = 0
+        self.waypoints: list[WaypointView] = []
+        self.latest: WaypointView | None = None  # the latest waypoint with state since the last restart
+        self.states: dict[int, int] = {}  # waypoint n -> index, since the last restart
+        self.calls: dict[str, dict] = {}  # call id -> builder (model calls)
+        self.tools: dict[str, dict] = {}  # call id -> builder (tool calls)
+        self.order: list[tuple[str, str]] = []  # (kind, call id) in intent order
+        self.replays: dict[str, list[int]] = {}
+        self.records: list[CallRecord] = []
+        self.unsettled_models: set[str] = set()  # call_started with no settlement/failure (the ledger's `started`)
+        self.settled_since_boundary = False
+        self.loops: dict[int, dict] = {}
+        self.forks: list[ForkView] = []
+        self.committed = 0
+        self.newest_commit: dict | None = None
+        self.commit_steps: int | None = None
+        self.completed: dict | None = None  # first run_completed since the last restart
+        self.failed: dict | None = None  # a run_failed not followed by an attempt (since the last restart)
+        self.first_completed: dict | None = None  # as run_summary: anywhere in the journal
+        self.last_fail_or_attempt: dict | None = None
+        self.markers: dict[str, dict] = {}
+        self.handlers: dict[str, Callable[[int, dict], None]] = {
+            "waypoint": self.on_waypoint, "progress": self.on_progress, "iterate_done": self.on_iterate_done,
+            "call_started": self.on_call_started, "call_settled": self.on_call_settled,
+            "call_failed": self.on_call_failed, "tool_intent": self.on_tool_intent, "tool_settled": self.on_tool_settled,
+            "replayed": self.on_replayed, "turn": self.on_turn, "run_started": self.on_attempt,
+            "attempt": self.on_attempt, "run_completed": self.on_end, "run_failed": self.on_end,
+            "interrupted": self.on_end, "restarted": self.on_restarted,
+            "checkpoint_committed": self.on_checkpoint, "forked": self.on_forked,
+            "cancel_requested": self.on_marker, "sleep": self.on_marker,
+        }
+
+    def feed(self, events: Sequence[dict]) -> _Pass:
+        return self.extend(events, len(events))
+
+    def extend(self, events: Sequence[dict], new: int) -> _Pass:
+        """Walk the last ``new`` of ``events`` (the ones before were walked already): a follower's step."""
+        self.events = events
+        handlers = self.handlers
+        with _gc_paused():
+            for index in range(len(events) - new, len(events)):
+                event = events[index]
+                handler = handlers.get(event["type"])
+                if handler is not None:
+                    handler(index, event)
+        return self
+
+    # ---- attempts and endings -----------------------------------------------------------------
+    def on_attempt(self, index: int, event: dict) -> None:
+        self.attempt += 1
+        self.attempts.append({"index": index, "event": event, "end": None, "end_event": None})
+        if event["type"] == "attempt":
+            self.failed = None
+            self.last_fail_or_attempt = event
+
+    def on_end(self, index: int, event: dict) -> None:  # run_completed, run_failed, interrupted
+        kind = _ENDS[event["type"]]
+        if self.attempts and self.attempts[-1]["end"] is None:
+            self.attempts[-1]["end"], self.attempts[-1]["end_event"] = kind, event
+        if kind == "completed":
+            self.completed = self.completed or event
+            self.first_completed = self.first_completed or event
+        elif kind == "failed":
+            self.failed = self.last_fail_or_attempt = event
+
+    def on_restarted(self, index: int, event: dict) -> None:
+        self.completed = self.failed = None
+        self.latest, self.states, self.loops = None, {}, {}
+
+    def on_marker(self, index: int, event: dict) -> None:  # cancel_requested, sleep: the last one counts
+        self.markers[event["type"]] = event
+
+    # ---- waypoints and loops ------------------------------------------------------------------
+    def on_waypoint(self, index: int, event: dict) -> None:
+        n, names = event.get("n", 0), event.get("names")
+        values = names.get("values") if isinstance(names, dict) else None
+        waypoint = WaypointView(n, index, event["at"], event.get("note", ""), self.attempt, event.get("loop"),
+                                "state" in event, bool(event.get("imported")),
+                                tuple(sorted(values)) if isinstance(values, dict) else ())
+        self.waypoints.append(waypoint)
+        self.states[n] = index
+        if waypoint.has_state:
+            self.latest = waypoint
+        self.settled_since_boundary = False
+
+    def on_turn(self, index: int, event: dict) -> None:  # a boundary: older calls are no longer replayable
+        self.settled_since_boundary = False
+
+    def on_progress(self, index: int, event: dict) -> None:
+        loop = self.loops.setdefault(event.get("loop", 0), {"total": None, "finished": False})
+        loop["done"], loop["note"], loop["at"] = event.get("done", 0), event.get("note", ""), event["at"]
+
+    def on_iterate_done(self, index: int, event: dict) -> None:
+        loop = self.loops.setdefault(event.get("loop", 0), {"done": 0, "note": "", "total": None})
+        loop["finished"], loop["total"], loop["at"] = True, event.get("count"), event["at"]
+
+    # ---- journaled calls ----------------------------------------------------------------------
+    def on_call_started(self, index: int, event: dict) -> None:
+        call_id = str(event.get("call_id"))
+        self.calls[call_id] = {"index": index, "event": event, "attempt": self.attempt, "end": None, "record": None}
+        self.order.append(("model", call_id))
+        self.unsettled_models.add(call_id)
+
+    def on_call_settled(self, index: int, event: dict) -> None:
+        record = record_from_event(self.run_id, event, self.attempt)  # revalidates every figure
+        self.records.append(record)
+        call_id = record.call_id
+        self.unsettled_models.discard(call_id)
+        self.settled_since_boundary = True
+        call = self.calls.get(call_id)
+        if call is None:  # a settlement whose intent this journal lacks: list it from the settlement
+            call = self.calls[call_id] = {"index": index, "event": event, "attempt": self.attempt, "end": None}
+            self.order.append(("model", call_id))
+        if call["end"] is None:
+            call["end"], call["end_index"], call["record"] = event, index, record
+
+    def on_call_failed(self, index: int, event: dict) -> None:
+        call_id = str(event.get("call_id"))
+        self.unsettled_models.discard(call_id)
+        call = self.calls.get(call_id)
+        if call is not None and call["end"] is None:
+            call["end"], call["end_index"], call["record"] = event, index, None
+
+    def on_tool_intent(self, index: int, event: dict) -> None:
+        call_id = str(event.get("call_id"))
+        tool = self.tools.get(call_id)
+        if tool is None:
+            self.tools[call_id] = {"index": index, "event": event, "attempt": self.attempt, "end": None, "drives": 1}
+            self.order.append(("tool", call_id))
+        else:
+            tool["drives"] += 1
+            if tool["end"] is not None and "error" in tool["end"]:
+                tool["end"] = None  # re-driven after an error: the new outcome counts
+
+    def on_tool_settled(self, index: int, event: dict) -> None:
+        self.settled_since_boundary = True
+        tool = self.tools.get(str(event.get("call_id")))
+        if tool is not None:
+            tool["end"], tool["end_index"] = event, index
+
+    def on_replayed(self, index: int, event: dict) -> None:
+        for call_id in event.get("calls") or ():
+            self.replays.setdefault(str(call_id), []).append(self.attempt)
+
+    # ---- checkpoints and forks ----------------------------------------------------------------
+    def on_checkpoint(self, index: int, event: dict) -> None:
+        self.committed += 1
+        self.newest_commit = event
+        if _is_count(event.get("steps")):
+            self.commit_steps = event["steps"]
+
+    def on_forked(self, index: int, event: dict) -> None:
+        if "parent_run" in event:
+            return  # this run's own birth record: `parent` tells it
+        self.forks.append(ForkView(index, event["at"], _str(event.get("checkpoint_id")), _str(event.get("source")),
+                                   _str(event.get("node_id")), _str(event.get("new_run_id"))))
+
+    # ---- freezing -----------------------------------------------------------------------------
+    def view(self) -> RunView:
+        events = self.events
+        started = events[0] if events else {}
+        attempts = self.attempt_views()
+        receipt = self.receipt()
+        checkpoints = self.checkpoint_status()
+        status = self.status(started, checkpoints)
+        origin = started.get("forked_from")
+        parent = None
+        if isinstance(origin, dict) and isinstance(origin.get("run_id"), str):
+            parent = ParentView(origin["run_id"], _str(origin.get("checkpoint_id")),
+                                origin["seq"] if _is_count(origin.get("seq")) else None)
+        command = started.get("command")
+        tools = self.tool_views()
+        return RunView(
+            run_id=self.run_id, status=status, started_at=started.get("at"),
+            updated_at=events[-1]["at"] if events else None, events=len(events), attempts=attempts,
+            waypoints=tuple(self.waypoints), latest=self.latest,
+            calls=self.call_views(tools), tools=tuple(tools.values()), loops=self.loop_views(), forks=tuple(self.forks),
+            parent=parent, checkpoints=checkpoints, receipt=receipt, summary=self.summary(started, receipt),
+            result=None if self.completed is None else self.completed.get("result"),
+            agent_id=started.get("agent_id"), imported_from=started.get("imported_from"),
+            command=tuple(map(str, command)) if isinstance(command, list) else None, cwd=started.get("cwd"),
+            _events=events, _states=dict(self.states),
+        )
+
+    def status(self, started: dict, checkpoints: CheckpointsView | None) -> str:
+        if not self.events:
+            return "missing"
+        if self.completed is not None:
+            return "completed"
+        if self.failed is not None:
+            return "failed"
+        if started.get("imported_from") and len(self.attempts) == 1:
+            return "unknown"  # 0.2.0 never recorded whether a run finished
+        if checkpoints is not None:
+            return checkpoints.status  # a DurableAgent run: done when its newest checkpoint ran every step
+        return "pending"
+
+    def attempt_views(self) -> tuple[AttemptView, ...]:
+        events, views = self.events, []
+        for number, attempt in enumerate(self.attempts, start=1):
+            start = attempt["index"]
+            stop = self.attempts[number]["index"] if number < len(self.attempts) else len(events)
+            event, end_event = attempt["event"], attempt["end_event"]
+            end = attempt["end"]
+            if end is None:
+                end = "imported" if event.get("imported_from") else "killed" if number < len(self.attempts) else "open"
+            command = event.get("command")
+            views.append(AttemptView(
+                number, start, event["at"], end, None if end_event is None else end_event["at"], events[stop - 1]["at"],
+                stop - start,
+                code=_str(end_event.get("code")) if end_event else None,
+                message=_str(end_event.get("message")) if end_event else None,
+                pid=event.get("pid") if _is_count(event.get("pid")) else None, host=_str(event.get("host")),
+                command=tuple(map(str, command)) if isinstance(command, list) else None))
+        return tuple(views)
+
+    def call_views(self, tools: Mapping[str, ToolCallView]) -> tuple[CallView, ...]:
+        out = []
+        for kind, call_id in self.order:
+            replayed = tuple(self.replays.get(call_id, ()))
+            if kind == "tool":
+                t = tools[call_id]
+                status = {"settled": "settled", "error": "failed"}.get(t.status, "pending")
+                out.append(CallView(call_id, "tool", t.path, t.attempt, status, t.intent_at, t.settled_at, t.duration_s,
+                                    t.seq, t.settled_seq, tool=t.tool, replayed_in=replayed, error=t.error))
+                continue
+            call = self.calls[call_id]
+            intent, end, record = call["event"], call["end"], call.get("record")
+            status = "pending" if end is None else "settled" if record is not None else "failed"
+            fields: dict[str, Any] = {}
+            if record is not None:
+                fields = {"prompt_tokens": record.prompt_tokens, "completion_tokens": record.completion_tokens,
+                          "cached_tokens": record.cached_tokens, "total_tokens": record.total_tokens,
+                          "usd": record.estimated_usd, "priced": record.priced, "paid": True}
+            elif end is not None:
+                fields["error"] = f"{end.get('code')}: {end.get('message')}"
+            model = record.model if record is not None else _str(intent.get("model"))
+            provider = record.provider if record is not None else _str(intent.get("provider"))
+            out.append(CallView(
+                call_id, str(intent.get("kind") or "model"), str(intent.get("path", "")), call["attempt"], status,
+                intent["at"], None if end is None else end["at"], _duration(intent, end), call["index"],
+                None if end is None else call["end_index"], model=model, provider=provider, replayed_in=replayed,
+                **fields))
+        return tuple(out)
+
+    def tool_views(self) -> dict[str, ToolCallView]:
+        out = {}
+        for call_id, tool in self.tools.items():
+            intent, end = tool["event"], tool["end"]
+            effect = str(intent.get("effect", "read"))
+            if end is None:
+                status = "uncertain" if effect in ("write", "external") else "pending"
+            else:
+                status = "error" if "error" in end else "settled"
+            out[call_id] = ToolCallView(
+                call_id, str(intent.get("path", "")), str(intent.get("tool", "")), effect,
+                _str(intent.get("args_sha256")), tool["attempt"], status, intent["at"],
+                None if end is None else end["at"], _duration(intent, end), tool["index"],
+                None if end is None else tool["end_index"], tool["drives"],
+                None if end is None else _str(end.get("settled_by")),
+                None if end is None else _str(end.get("error")), tuple(self.replays.get(call_id, ())))
+        return out
+
+    def loop_views(self) -> dict[int, LoopView]:
+        out = {}
+        for index, loop in sorted(self.loops.items(), key=lambda item: (not isinstance(item[0], int), str(item[0]).zfill(20))):
+            total = loop.get("total")
+            if total is None:
+                match = _DEFAULT_LOOP_NOTE.fullmatch(str(loop.get("note", "")))
+                total = int(match.group(1)) if match else None
+            out[index] = LoopView(index, loop.get("done", 0), total, bool(loop.get("finished")), str(loop.get("note", "")),
+                                  loop.get("at", ""))
+        return out
+
+    def checkpoint_status(self) -> CheckpointsView | None:
+        newest = self.newest_commit
+        if newest is None:
+            return None
+        steps = newest["steps"] if _is_count(newest.get("steps")) else self.commit_steps
+        done = newest.get("steps_done")
+        if not _is_count(done):
+            done = newest["step"] + 1 if _is_count(newest.get("step")) else None
+        latest = newest.get("checkpoint_id")
+        status = "completed" if steps is not None and done is not None and done >= steps > 0 else "pending"
+        return CheckpointsView(self.committed, steps, done, status, latest if isinstance(latest, str) else None)
+
+    def receipt(self) -> Receipt:
+        """The ledger's receipt (every settled call, revalidated) with the resume facts of the next attempt."""
+        records = list(self.records)
+        resume = None
+        if len(self.attempts) > 1:
+            resume = ResumeInfo(
+                attempts=len(self.attempts), prior_calls=len(records),
+                prior_estimated_usd=round(sum(r.estimated_usd or 0.0 for r in records), 10),
+                prior_tokens=sum(r.total_tokens for r in records), prior_unpriced=any(not r.priced for r in records),
+                possible_double_count_calls=len(self.unsettled_models),
+                discarded_partial_turn=self.settled_since_boundary)
+        return Receipt(records, resume)
+
+    def summary(self, started: dict, receipt: Receipt) -> dict[str, Any]:
+        """What ``run_summary(events)`` returns, from this pass."""
+        if not self.events:
+            return {"status": "missing"}
+        base = {"run_id": started.get("run_id", ""), "agent_id": started.get("agent_id"), "attempts": len(self.attempts),
+                "started_at": started.get("at")}
+        done = self.first_completed
+        if done is not None:
+            return {"status": "completed", **base, "result": done.get("result"), "completed_at": done.get("at")}
+        last = self.last_fail_or_attempt
+        if last is not None and last["type"] == "run_failed":
+            return {"status": "failed", **base, "code": last.get("code"), "message": last.get("message"),
+                    "receipt": receipt.to_dict()}
+        summary = {"status": "pending", **base, "input": started.get("input")}
+        if "cancel_requested" in self.markers:
+            summary["cancel_requested"] = True
+        sleep = self.markers.get("sleep")
+        if sleep is not None:
+            summary["wake_at"], summary["sleep_reason"] = sleep.get("wake_at"), sleep.get("reason")
+        return summary
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """No cyclic GC while a journal's (acyclic) events and views are built: with 100,000 events
+    alive, collections triggered by the allocations cost as much as the reading itself."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _is_count(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _duration(start: dict, end: dict | None) -> float | None:
+    if end is None:
+        return None
+    try:
+        return (datetime.fromisoformat(end["at"]) - datetime.fromisoformat(start["at"])).total_seconds()
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _times(pd: Any, values: list) -> Any:
+    """ISO-8601 strings (None: NaT) as a ``datetime64[ns, UTC]`` column, parsed in one vectorised call."""
+    return pd.to_datetime(pd.Series(values, dtype="object"), utc=True, format="ISO8601").dt.as_unit("ns")
+
+
+def _settled_id(event: dict) -> str | None:
+    call = event.get("call")
+    return call.get("call_id") if type(call) is dict else None
