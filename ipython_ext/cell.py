@@ -327,7 +327,7 @@ class StatusLine:
         if self.rich:
             from IPython.display import display
 
-            self.handle = display(_Text(text), display_id=True)
+            self.handle = display(_Text(text, run.run_id), display_id=True)
         else:
             print(text)
 
@@ -377,21 +377,24 @@ class StatusLine:
             changed, self.announced = current != self.announced, current
         if self.handle is not None and (force or changed or now - self.shown_at > 0.25):
             self.shown_at = now
-            self.handle.update(_Text(self.text()))
+            self.handle.update(_Text(self.text(), self.run.run_id))
         elif self.handle is None and changed and any(self.announced):
             print(f"[caravanserai] {self.run.run_id}: " + " | ".join(self.warnings()), file=sys.stderr)
 
     def finish(self, etype: Any) -> None:
         ending = "done" if etype is None else "interrupted: run again to resume" if etype is KeyboardInterrupt else "failed"
         if self.handle is not None:
-            self.handle.update(_Text(self.text(ending)))
+            self.handle.update(_Text(self.text(ending), self.run.run_id))
         elif not self.completed:
             print(self.text(ending))
 
 
 class _Text:
-    def __init__(self, text: str) -> None:
+    """The status line: text, and in HTML the command that opens the run's panels."""
+
+    def __init__(self, text: str, run_id: str = "") -> None:
         self.text = text
+        self.run_id = run_id
 
     def __repr__(self) -> str:
         return self.text
@@ -399,5 +402,7 @@ class _Text:
     def _repr_html_(self) -> str:
         import html
 
+        panel = (f' <span style="color:#1f6feb">· timeline: <code>%caravanserai show {html.escape(self.run_id)}</code>'
+                 "</span>") if self.run_id else ""
         return (f'<div class="caravanserai-status" style="font-family:monospace;font-size:12px;color:#555">'
-                f'{html.escape(self.text)}</div>')
+                f"{html.escape(self.text)}{panel}</div>")

@@ -47,12 +47,27 @@ class CaravanseraiMagics(Magics):
             trust_store(open_store(words[1]).url)
             print(f"pickled variables will be loaded from {open_store(words[1]).url}")
             return
+        if words[0] == "show" and self._show_panels(words):
+            return
         try:
             cli.run_command(words)
         except CaravanseraiUsageError as exc:
             raise UsageError(f"%caravanserai: {exc.message}") from None
         except SystemExit:
             pass  # --help printed its text
+
+    def _show_panels(self, words: list[str]) -> bool:
+        """``%caravanserai show RUN [--store URL]`` in a notebook: the run's dashboard (Timeline,
+        Journal, Charts). False (the CLI's text) in a terminal, or with --all/--json."""
+        if type(self.shell).__name__ != "ZMQInteractiveShell" or "--all" in words or "--json" in words:
+            return False
+        try:
+            args = cli.build_parser().parse_args(words)
+            from caravanserai.widgets import show
+        except (CaravanseraiUsageError, ImportError):
+            return False  # the CLI says what is wrong, or the text is all there is without [notebook]
+        show(args.run_id, getattr(args, "store", None))
+        return True
 
     @cell_magic
     def resumable(self, line: str, cell: str) -> None:

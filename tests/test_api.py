@@ -177,7 +177,8 @@ def test_durable_keyboard_interrupt_leaves_run_pending(project):
         with durable("ctx") as run:
             run.checkpoint({"i": 1}, "one")
             raise KeyboardInterrupt
-    assert [e["type"] for e in read_events("ctx")] == ["run_started", "waypoint"]
+    assert [e["type"] for e in read_events("ctx")] == ["run_started", "waypoint", "interrupted"]
+    assert caravanserai.runs.view.inspect_run("ctx").attempts[0].end == "interrupted"
 
 
 def test_clean(project):

@@ -125,3 +125,23 @@ def test_writer_paused_past_its_lease_cannot_append(store_url, child_env):
     waypoints = [e for e in events if e["type"] == "waypoint"]
     taker = next(i for i, w in enumerate(waypoints) if w["state"]["by"] == "taker")
     assert taker == len(waypoints) - 1  # nothing the woken writer tried landed after the takeover
+
+
+def test_a_dead_holder_on_this_machine_is_taken_over_at_once(store_url, child_env):
+    """A killed writer (kill -9, a killed kernel) on this machine: its lease goes at once, not after its TTL;
+    its token is fenced off all the same."""
+    run_id = "dead-holder"
+    writer = _writer(store_url, run_id, 1000, 0.05, child_env)
+    try:
+        _read_until(writer, 2)
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.wait()
+        killed_at = time.monotonic()
+        n = caravanserai.checkpoint(run_id, {"step": -1, "by": "successor"}, "taken over", store=store_url)
+        assert time.monotonic() - killed_at < TTL_MS / 1000  # well before the dead writer's lease would expire
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+    events = read_events(run_id, store=store_url)
+    assert events[-1]["type"] == "waypoint" and events[-1]["n"] == n and events[-1]["note"] == "taken over"
+    assert sum(e["type"] in ("run_started", "attempt") for e in events) == 2

@@ -11,13 +11,14 @@ and only the visible window goes to the browser.
 
 from __future__ import annotations
 
+import heapq
 import json
 from typing import Any
 
 import traitlets
 
 from caravanserai.runs.follow import Follower
-from caravanserai.runs.view import RunView
+from caravanserai.runs.view import RunView, gc_paused
 from caravanserai.stores import Store
 
 from .panel import Panel
@@ -25,50 +26,76 @@ from .panel import Panel
 DETAIL_LIMIT = 200_000  # characters of an event or state shown in the detail pane
 
 
-def timeline_rows(view: RunView, *, fold: bool = True) -> list[dict]:
-    """The Timeline's rows for ``view`` (plain JSON dicts, in journal order)."""
-    items: list[tuple[float, dict]] = []
-    longest = max((c.duration_s or 0.0 for c in view.calls), default=0.0) or 1.0
-    effects = {t.call_id: t.effect for t in view.tools}
-    for a in view.attempts:
-        items.append((a.seq, {"kind": "attempt", "seq": a.seq, "number": a.number, "at": a.started_at, "end": a.end,
-                              "message": a.message, "pid": a.pid, "host": a.host}))
-        if a.end in ("completed", "failed", "interrupted") and a.ended_at:
-            last = a.seq + a.events - 1
-            text = "the run completed" if a.end == "completed" else (a.message or "")
-            items.append((last + 0.5, {"kind": a.end, "seq": last, "at": a.ended_at, "text": text}))
-    for w in view.waypoints:
-        items.append((w.seq, {"kind": "waypoint", "seq": w.seq, "n": w.n, "at": w.at, "note": w.note,
-                              "loop": w.loop, "has_state": w.has_state, "attempt": w.attempt}))
-    for c in view.calls:
-        items.append((c.seq, {"kind": "call", "kind_of": c.kind, "seq": c.seq, "call_id": c.call_id, "at": c.started_at,
-                              "model": c.model, "tool": c.tool, "effect": effects.get(c.call_id),
-                              "status": c.status, "duration_s": c.duration_s, "bar": (c.duration_s or 0.0) / longest,
-                              "tokens": c.total_tokens, "usd": c.usd, "priced": c.priced, "paid": c.paid,
-                              "replayed": c.replayed, "replayed_in": list(c.replayed_in), "attempt": c.attempt}))
-    items.sort(key=lambda item: item[0])
-    rows = [row for _, row in items]
-    return _fold_loops(rows) if fold else rows
+def timeline_items(view: RunView, *, fold: bool = True) -> list[tuple]:
+    """The Timeline's rows as light tuples in journal order (``row_dict`` turns one into JSON).
+
+    Only the rows the browser shows become dicts, so a 100,000-event run costs a merge of
+    already-ordered lists here, not 100,000 dicts.
+    """
+    with gc_paused():
+        return _items(view, fold)
 
 
-def _fold_loops(rows: list[dict]) -> list[dict]:
-    """Consecutive loop waypoints of one loop and attempt become one row (the noisy part of a run)."""
-    out: list[dict] = []
-    for row in rows:
-        if row["kind"] == "waypoint" and row["loop"] is not None:
+def _items(view: RunView, fold: bool) -> list[tuple]:
+    attempts = [(a.seq, "attempt", a) for a in view.attempts]
+    ends = [(a.seq + a.events - 1 + 0.5, "end", a) for a in view.attempts
+            if a.end in ("completed", "failed", "interrupted") and a.ended_at]
+    waypoints = [(w.seq, "waypoint", w) for w in view.waypoints]
+    calls = [(c.seq, "call", c) for c in view.calls]
+    merged = list(heapq.merge(attempts, ends, waypoints, calls, key=lambda item: item[0]))
+    return _fold_loops(merged) if fold else merged
+
+
+def _fold_loops(items: list[tuple]) -> list[tuple]:
+    """Consecutive loop waypoints of one loop and attempt become one item: (seq, "loop", [waypoints])."""
+    out: list[tuple] = []
+    for item in items:
+        if item[1] == "waypoint" and item[2].loop is not None:
             last = out[-1] if out else None
-            if last is not None and last["kind"] == "loop" and last["loop"] == row["loop"] and \
-                    last["attempt"] == row["attempt"]:
-                last["commits"] += 1
-                last["note"], last["last_seq"], last["last_n"] = row["note"], row["seq"], row["n"]
-                last["last_done"] = _done(row["note"], last["commits"])
+            if last is not None and last[1] == "loop" and last[2][0].loop == item[2].loop and \
+                    last[2][0].attempt == item[2].attempt:
+                last[2].append(item[2])
                 continue
-            out.append({"kind": "loop", "seq": row["seq"], "last_seq": row["seq"], "loop": row["loop"], "at": row["at"],
-                        "attempt": row["attempt"], "commits": 1, "note": row["note"], "first_n": row["n"],
-                        "last_n": row["n"], "first_done": _done(row["note"], 1), "last_done": _done(row["note"], 1)})
+            out.append((item[0], "loop", [item[2]]))
             continue
-        out.append(row)
+        out.append(item)
     return out
+
+
+def row_dict(item: tuple, longest: float, effects: dict[str, str]) -> dict:
+    """One Timeline row as the browser draws it."""
+    _, kind, obj = item
+    if kind == "attempt":
+        return {"kind": "attempt", "seq": obj.seq, "number": obj.number, "at": obj.started_at, "end": obj.end,
+                "message": obj.message, "pid": obj.pid, "host": obj.host}
+    if kind == "end":
+        text = "the run completed" if obj.end == "completed" else (obj.message or "")
+        return {"kind": obj.end, "seq": obj.seq + obj.events - 1, "at": obj.ended_at, "text": text}
+    if kind == "waypoint":
+        return {"kind": "waypoint", "seq": obj.seq, "n": obj.n, "at": obj.at, "note": obj.note, "loop": obj.loop,
+                "has_state": obj.has_state, "attempt": obj.attempt}
+    if kind == "loop":
+        first, last = obj[0], obj[-1]
+        return {"kind": "loop", "seq": first.seq, "last_seq": last.seq, "loop": first.loop, "at": first.at,
+                "attempt": first.attempt, "commits": len(obj), "note": last.note, "first_n": first.n, "last_n": last.n,
+                "first_done": _done(first.note, 1), "last_done": _done(last.note, len(obj))}
+    c = obj
+    return {"kind": "call", "kind_of": c.kind, "seq": c.seq, "call_id": c.call_id, "at": c.started_at,
+            "model": c.model, "tool": c.tool, "effect": effects.get(c.call_id), "status": c.status,
+            "duration_s": c.duration_s, "bar": (c.duration_s or 0.0) / longest, "tokens": c.total_tokens, "usd": c.usd,
+            "priced": c.priced, "paid": c.paid, "replayed": c.replayed, "replayed_in": list(c.replayed_in),
+            "attempt": c.attempt}
+
+
+def timeline_rows(view: RunView, *, fold: bool = True) -> list[dict]:
+    """Every Timeline row of ``view`` as JSON dicts (tests, exports; the panel makes only its window)."""
+    longest, effects = _scale(view)
+    return [row_dict(item, longest, effects) for item in timeline_items(view, fold=fold)]
+
+
+def _scale(view: RunView) -> tuple[float, dict[str, str]]:
+    longest = max((c.duration_s or 0.0 for c in view.calls), default=0.0) or 1.0
+    return longest, {t.call_id: t.effect for t in view.tools}
 
 
 def _done(note: str, fallback: int) -> int:
@@ -102,7 +129,8 @@ class Timeline(Panel):
         self.run_id = run_id
         self._store = store
         self._follower: Follower | None = None
-        self._all: list[dict] = []
+        self._all: list[tuple] = []
+        self._scale: tuple[float, dict[str, str]] = (1.0, {})
         self.observe(lambda _: self._rebuild(), names=["fold"])
         self.tick() or self.send_window()
         if live:
@@ -130,7 +158,8 @@ class Timeline(Panel):
         if view is None:
             return
         with self._lock:
-            self._all = timeline_rows(view, fold=self.fold)
+            self._all = timeline_items(view, fold=self.fold)
+            self._scale = _scale(view)
             self.summary = run_summary_row(view)
         if push:
             self.send_window()
@@ -139,10 +168,11 @@ class Timeline(Panel):
         return len(self._all)
 
     def _rows(self, start: int, stop: int) -> list[dict]:
-        return self._all[start:stop]
+        longest, effects = self._scale
+        return [row_dict(item, longest, effects) for item in self._all[start:stop]]
 
     def _detail(self, index: int) -> dict:
-        row, view = self._all[index], self.view
+        row, view = self._rows(index, index + 1)[0], self.view
         assert view is not None
         event = view.event(row.get("last_seq", row["seq"]))
         detail: dict[str, Any] = {"title": _title(row), "event": _pretty(event)}

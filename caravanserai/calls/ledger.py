@@ -14,7 +14,9 @@ import math
 from collections import defaultdict, deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
+from .._html import bundle, table
 from ..errors import BudgetExceeded, JournalCorruptionError
 from ..journal import digest
 from .pricing import PRICE_LABEL, estimate_usd
@@ -113,6 +115,19 @@ class Receipt:
     @property
     def unpriced(self) -> bool:
         return any(not c.priced for c in self.calls)
+
+    def summary(self) -> str:
+        """One line: calls, tokens and inferred USD (with unpriced calls said, never counted as $0)."""
+        usd = f"${self.estimated_usd:.6f}" + (" + unpriced calls" if self.unpriced else "")
+        return f"{len(self.calls)} call(s), {self.tokens} tokens, {usd} ({self.label})"
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        rows = [(c.call_id, c.model, c.attempt, c.total_tokens, "unpriced" if not c.priced else f"${c.estimated_usd:.6f}")
+                for c in self.calls[:50]]
+        more = f" (the first 50 of {len(self.calls)})" if len(self.calls) > 50 else ""
+        resume = f"; resume: {self.resume.to_dict()}" if self.resume else ""
+        return bundle(f"Receipt: {self.summary()}{resume}",
+                      table(("call", "model", "attempt", "tokens", "USD"), rows, caption=f"Receipt: {self.summary()}{more}"))
 
     def to_dict(self) -> dict:
         return {

@@ -12,7 +12,7 @@ from __future__ import annotations
 from .. import journal
 from ..stores import Store, open_store
 from .api import readable_run_id
-from .view import RunView, follow_pass
+from .view import RunView, follow_pass, gc_paused
 
 __all__ = ["Follower"]
 
@@ -37,7 +37,8 @@ class Follower:
         lines = self.store.load_since(self.run_id, self._tail.seq)
         if not lines:
             return 0
-        events, tail = journal.decode(self.run_id, lines, start=self._tail.seq, tail=self._tail)
+        with gc_paused():  # the decoded events are acyclic; collections while building them only cost time
+            events, tail = journal.decode(self.run_id, lines, start=self._tail.seq, tail=self._tail)
         self.events.extend(events)
         self._tail = tail
         self._pass.extend(self.events, len(events))

@@ -164,7 +164,7 @@ class RunScope:
     Entering opens (or joins) the writer, checks ``identity`` (nothing appended on a mismatch) and
     makes the run current. Leaving: success completes the run with ``result``/``names`` (unless
     ``complete`` was set False, e.g. for a run that had completed before); KeyboardInterrupt records
-    nothing (the run stays pending and resumable); any other exception records ``run_failed``
+    ``interrupted`` (the run stays pending and resumable); any other exception records ``run_failed``
     unless it is one of ``not_failures``. Only the outermost scope of a run (its ``owner``) ends it.
     """
 
@@ -198,7 +198,10 @@ class RunScope:
                 if self.complete:
                     run.complete(self.result, names=self.names)
             elif issubclass(etype, KeyboardInterrupt):
-                pass  # the run stays pending: the next attempt resumes it
+                try:
+                    run.interrupted()  # the run stays pending: the next attempt resumes it
+                except Exception:  # never hide the interrupt behind a failure to record it
+                    pass
             elif not isinstance(error, self.not_failures):
                 run.fail(error)
         finally:
@@ -221,7 +224,8 @@ def durable(run_id: str, *, store: Store | str | None = None, definition: Any = 
     those variables of ``namespace`` (default: the caller's globals, i.e. the notebook's) with every
     commit and puts them back when the block is entered again — what ``%%resumable`` does, without
     the magic. An exception records ``run_failed`` for this attempt and propagates;
-    KeyboardInterrupt (Ctrl-C, Kernel > Interrupt) leaves the run pending and resumable.
+    KeyboardInterrupt (Ctrl-C, Kernel > Interrupt) records ``interrupted`` and leaves the run
+    pending and resumable.
     """
     identity, parsed = identity_fields(definition, input, budget, session_id)
     target = namespace if namespace is not None else sys._getframe(2).f_globals

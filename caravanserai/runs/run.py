@@ -7,6 +7,7 @@ re-read of the journal; the store's lease keeps other processes out.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import journal
+from .._html import bundle, escape, json_block, table
 from .._version import __version__
 from ..calls import journaled
 from ..calls.ledger import BOUNDARIES, Ledger
@@ -40,6 +42,14 @@ class Waypoint:
     @classmethod
     def from_event(cls, event: dict) -> Waypoint:
         return cls(event["n"], event.get("note", ""), event.get("state"), event["at"], "state" in event)
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        state = json.dumps(self.state, ensure_ascii=False) if self.has_state else "(a note only)"
+        body = (f'<div style="font-weight:600">waypoint {self.n} <span style="font-weight:normal;color:#59636e">'
+                f"{escape(self.at)}</span></div>"
+                f'<div style="white-space:pre-wrap;margin:2px 0">{escape(self.note)}</div>'
+                + (json_block(self.state) if self.has_state else ""))
+        return bundle(f"waypoint {self.n} ({self.at})\n\n{self.note}\n\nstate: {state}", body)
 
 
 def launch_info() -> dict[str, Any]:
@@ -257,6 +267,10 @@ class Run:
         """A settled call was answered from the journal; a ``replayed`` event records it (batched)."""
         self.replayed.append(call_id)
 
+    def interrupted(self) -> None:
+        """Record that this attempt was interrupted (Ctrl-C, Kernel > Interrupt); the run stays pending."""
+        self.append({"type": "interrupted"})
+
     def reset_loops(self) -> None:
         """A new attempt in this process: ``resumable_iterate`` loops count from 0 again."""
         with self.lock:
@@ -327,3 +341,12 @@ class Run:
 
     def __repr__(self) -> str:
         return f"<Run {self.run_id!r} attempt {self.attempt} in {self.store.url}>"
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        latest = self.latest
+        lines = [f"run {self.run_id} (attempt {self.attempt}, {'completed' if self.completed else 'open'}) in {self.store.url}",
+                 f"{self._waypoint_count} waypoint(s)" + (f"; latest {latest.n}: {latest.note}" if latest else ""),
+                 f"receipt: {self.receipt().summary()}"]
+        rows = [("attempt", self.attempt), ("store", self.store.url), ("waypoints", self._waypoint_count),
+                ("latest note", latest.note if latest else ""), ("receipt", self.receipt().summary())]
+        return bundle("\n".join(lines), table(("run", self.run_id), rows))

@@ -47,7 +47,7 @@ from ..errors import (
 from ..ids import validate_run_id
 
 __all__ = ["IfVersion", "Lease", "ObjectStore", "Objects", "PrefixedObjects", "PutMode", "Store", "holder_info",
-           "os_failure"]
+           "holder_is_dead", "machine_id", "os_failure"]
 
 FULL_ERRNOS = frozenset(e for e in (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", None)) if e is not None)
 
@@ -76,8 +76,42 @@ def os_failure(exc: OSError, where: str, what: str) -> StoreUnavailable:
 
 
 def holder_info(token: int = 0) -> dict[str, Any]:
-    """Who holds a lease: shown in RunLocked messages so a person can find the other writer."""
-    return {"pid": os.getpid(), "host": socket.gethostname(), "since": journal.utc_now(), "token": token}
+    """Who holds a lease: shown in RunLocked messages so a person can find the other writer.
+
+    ``machine`` (the kernel's boot id and this process's pid namespace) tells whether a holder's
+    pid can be checked from here: only then may a dead holder's lease be taken over before it
+    expires (``holder_is_dead``).
+    """
+    return {"pid": os.getpid(), "host": socket.gethostname(), "since": journal.utc_now(), "token": token,
+            "machine": machine_id()}
+
+
+def machine_id() -> str:
+    """Boot id + pid namespace: processes with the same value see each other's pids."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+            boot = handle.read().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return ""  # not Linux: never judge another process dead
+
+
+def holder_is_dead(holder: dict[str, Any] | None) -> bool:
+    """True when ``holder`` ran in this machine's pid namespace and its process is gone (a kill -9,
+    a killed kernel): its lease may be taken over now instead of after it expires. Fencing (the
+    token grows) still refuses anything the dead holder had in flight."""
+    if not holder or not holder.get("machine") or holder.get("machine") != machine_id():
+        return False
+    pid = holder.get("pid")
+    if type(pid) is not int or pid <= 1 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # alive, another user's
+    return False
 
 
 def describe_holder(holder: dict[str, Any] | None) -> str:

@@ -39,7 +39,7 @@ from ..errors import (
     RunLocked,
     StoreUnavailable,
 )
-from .base import IfVersion, Objects, PrefixedObjects, PutMode, Store, describe_holder, holder_info
+from .base import IfVersion, Objects, PrefixedObjects, PutMode, Store, describe_holder, holder_info, holder_is_dead
 from .leases import DEFAULT_TTL_MS, ExpiringLease, check_lease_ttl
 from .obstore_objects import ObstoreObjects, _obstore, is_panic
 from .urls import first_line, parse_bool, parse_options, redact, split_url
@@ -255,7 +255,8 @@ class BucketStore(Store):
             pass
         found = self._bucket.get_versioned(key)
         current: dict[str, Any] = json.loads(found[0]) if found else {"token": 0, "expires_at": 0, "holder": None}
-        if current.get("holder") is not None and current.get("expires_at", 0) > time.time() * 1000:
+        live = current.get("holder") is not None and current.get("expires_at", 0) > time.time() * 1000
+        if live and not holder_is_dead(current["holder"]):  # a dead holder on this machine: take over now
             raise RunLocked(f"run {run_id!r} is being written by {describe_holder(current['holder'])}; wait for its "
                             "lease to expire or stop that process", run_id=run_id, holder=current["holder"])
         token = int(current.get("token", 0)) + 1

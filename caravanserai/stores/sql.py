@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import CaravanseraiError, InvalidStoreUrl, LeaseLost, RunLocked, StoreFull, StoreUnavailable
-from .base import Objects, PutMode, Store, describe_holder, holder_info, os_failure
+from .base import Objects, PutMode, Store, describe_holder, holder_info, holder_is_dead, os_failure
 from .leases import DEFAULT_TTL_MS, ExpiringLease, check_lease_ttl
 from .urls import first_line, parse_options, split_url
 
@@ -200,6 +200,8 @@ class SqlStore(Store):
         holder = {**holder_info(), "lease": uuid.uuid4().hex}
         rows = self._q("acquire", (run_id, _json(holder), self.ttl_ms))
         if not rows:
+            rows = self._take_from_the_dead(run_id, holder)
+        if not rows:
             current = self._q("holder", (run_id,))
             raise RunLocked(f"run {run_id!r} is being written by {describe_holder(_parse(current[0][0]) if current else None)}; "
                             "wait for its lease to expire or stop that process", run_id=run_id,
@@ -213,6 +215,13 @@ class SqlStore(Store):
         if not self.background_renew:
             lease._stop.set()
         return lease
+
+    def _take_from_the_dead(self, run_id: str, holder: dict) -> list:
+        """The live-looking lease of a holder whose process died on this machine: take it over now (CAS on its token)."""
+        current = self._q("holder_token", (run_id,))
+        if not current or not holder_is_dead(_parse(current[0][0])):
+            return []
+        return self._q("takeover", (_json(holder), self.ttl_ms, run_id, int(current[0][1])))
 
     def _append(self, run_id: str, lines: Sequence[str], *, lease: Any, seq: int, sync: bool = True) -> None:
         try:
@@ -285,6 +294,9 @@ def _queries(dialect: str, t: str) -> dict[str, str]:
                     f"ON CONFLICT (run_id) DO UPDATE SET holder = excluded.holder, token = l.token + 1, "
                     f"expires_at = excluded.expires_at WHERE l.expires_at < {now} RETURNING token"),
         "holder": f"SELECT holder FROM {t}_leases WHERE run_id = ?",
+        "holder_token": f"SELECT holder, token FROM {t}_leases WHERE run_id = ?",
+        "takeover": (f"UPDATE {t}_leases SET holder = ?, token = token + 1, expires_at = {now} + ? "
+                     "WHERE run_id = ? AND token = ? RETURNING token"),
         "live_holder": f"SELECT holder FROM {t}_leases WHERE run_id = ? AND expires_at > {now}",
         "renew": (f"UPDATE {t}_leases SET expires_at = {now} + ? WHERE run_id = ? AND token = ? AND expires_at > {now} "
                   "RETURNING token"),

@@ -8,6 +8,7 @@
 
 const ROW = 26; // px per row: fixed, so the list can be virtual
 const BUFFER = 40; // rows asked for beyond the visible ones
+const MAX_HEIGHT = 360; // px: taller runs scroll
 
 // ---- small helpers ------------------------------------------------------------------------------
 function h(tag, attrs = {}, ...children) {
@@ -133,6 +134,8 @@ class Shell {
   draw() {
     const total = this.model.get("total") || 0;
     this.spacer.style.height = `${total * ROW}px`;
+    this.scroller.style.height = `${Math.min(MAX_HEIGHT, Math.max(3, total) * ROW + 2)}px`;
+    this.root.dataset.total = String(total);
     const [first, count] = this.visibleRange();
     this.request(first, count);
     const start = this.model.get("row_start") || 0;
@@ -206,8 +209,8 @@ function timelineHeader(model) {
     s.status ? badge(s.status, s.status) : null,
     h("span", { class: "cvs-stat", text: `${s.attempts ?? 0} attempt(s)` }),
     h("span", { class: "cvs-stat", text: `${fmtInt(s.waypoints ?? 0)} waypoint(s)` }),
-    h("span", { class: "cvs-stat", text: `${fmtInt(s.calls ?? 0)} call(s), ${fmtInt(s.tokens ?? 0)} tokens` }),
-    h("span", { class: "cvs-stat", text: `${fmtUsd(s.usd, true)}${s.unpriced ? " + unpriced" : ""} (inferred)` }),
+    h("span", { class: "cvs-stat", text: s.calls ? `${fmtInt(s.calls)} call(s), ${fmtInt(s.tokens ?? 0)} tokens` : "no calls" }),
+    s.calls ? h("span", { class: "cvs-stat", text: `${fmtUsd(s.usd, true)}${s.unpriced ? " + unpriced" : ""} (inferred)` }) : null,
   ];
   if (s.replayed) parts.push(h("span", { class: "cvs-stat", text: `${fmtInt(s.replayed)} replayed free` }));
   if (s.parent) parts.push(h("span", { class: "cvs-stat", text: `forked from ${s.parent}` }));
@@ -368,6 +371,7 @@ function wire(model, shell, renderDetail) {
   const redraw = () => { shell.pending = null; shell.draw(); };
   const onTotal = () => {
     const follow = model.get("follow") && shell.atEnd();
+    shell.drawHeader();
     shell.draw();
     if (follow) shell.scrollToEnd();
   };
