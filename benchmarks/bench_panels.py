@@ -74,31 +74,15 @@ SCROLL = """async (index) => {
 }"""
 
 
-def notebook(path: Path, panels: list[tuple[str, str, str]]) -> None:
+def bench_cells(panels: list[tuple[str, str, str]]) -> list[str]:
     """Per panel: a cell that builds it (timed in the kernel, then a marker file) and one that displays it."""
-    import nbformat
-
     cells = ["%load_ext caravanserai\nimport json, time\nfrom caravanserai.widgets import Timeline\nbuilt = {}"]
     for i, (label, run_id, store) in enumerate(panels):
         cells.append(f"t0 = time.perf_counter(); p{i} = Timeline({run_id!r}, store={store!r}, live={label == 'live'}); "
                      f"built[{label!r}] = time.perf_counter() - t0; open('built-{i}', 'w').write('1')")
         cells.append(f"p{i}")
     cells.append("open('construct.json', 'w').write(json.dumps(built))")
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
-    nbformat.write(nb, path)
-
-
-def run_cell(page: Any, index: int) -> float:
-    """Select code cell ``index`` and run it; returns the page time when it was sent."""
-    return page.evaluate("""(i) => {
-      const nb = window.jupyterapp.shell.currentWidget.content;
-      nb.activeCellIndex = i;
-      const t = performance.now();
-      window.jupyterapp.commands.execute('notebook:run-cell');
-      return t;
-    }""", index)
+    return cells
 
 
 def main() -> int:
@@ -107,7 +91,7 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--live", type=int, default=20, help="live-latency samples")
     args = parse_args(parser, "panels", quick={"waypoints": 500, "events": 5_000, "live": 3})
-    from browser_helpers import JupyterServer, browser_missing, chromium, open_notebook, wait_idle
+    from browser_helpers import JupyterServer, browser_missing, chromium, notebook, open_notebook, run_cell, wait_idle
 
     missing = browser_missing()
     if missing:
@@ -138,7 +122,7 @@ def main() -> int:
         results["journal_df_s"] = statistics.median(samples)
         panels = [("waypoints", "waypoints-run", str(store_path)), ("events-small", BIG_RUN, str(small_path)),
                   ("events", BIG_RUN, str(store_path)), ("live", "live-run", str(store_path))]
-        notebook(root / "bench.ipynb", panels)
+        notebook(root / "bench.ipynb", bench_cells(panels))
         server = JupyterServer(root)
         try:
             with chromium(root / ".chrome", height=1600) as page:

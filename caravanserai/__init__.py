@@ -50,6 +50,7 @@ from .errors import (
     ModelNotConfigured,
     NoCurrentRun,
     NoSuchCall,
+    NoSuchWaypoint,
     ObjectConditionalPutRequired,
     ObjectLeaseTtlInvalid,
     ObjectNotFound,
@@ -57,6 +58,7 @@ from .errors import (
     ResumeError,
     RunClosed,
     RunError,
+    RunExists,
     RunLocked,
     RunNotFound,
     SequenceMismatch,
@@ -74,6 +76,7 @@ from .errors import (
     ValueRestoreError,
 )
 from .runs.api import checkpoint, clean, complete, history, last_updated, load_command, load_latest, resumable
+from .runs.fork import fork
 from .runs.iterate import resumable_iterate
 from .runs.lifecycle import current_run, durable
 from .runs.openai_client import durable_client
@@ -145,6 +148,7 @@ __all__ = [
     "ModelResponse",
     "NoCurrentRun",
     "NoSuchCall",
+    "NoSuchWaypoint",
     "ObjectConditionalPutRequired",
     "ObjectLeaseTtlInvalid",
     "ObjectNotFound",
@@ -157,6 +161,7 @@ __all__ = [
     "Run",
     "RunClosed",
     "RunError",
+    "RunExists",
     "RunLocked",
     "RunNotFound",
     "RunResult",
@@ -187,6 +192,7 @@ __all__ = [
     "current_run",
     "durable",
     "durable_client",
+    "fork",
     "history",
     "input_is_replayable",
     "inspect_run",

@@ -1,4 +1,4 @@
-"""The DurableAgent / CheckpointLog commands of the ``caravanserai`` CLI: inspect, lineage, fork, diff.
+"""The timeline commands of the ``caravanserai`` CLI: inspect, lineage, fork, diff, export.
 
 Numbering rule (see docs/checkpoint-format.md): what these commands print for people counts
 steps from 1 (``step 1`` is the first step); node ids (``prompt-0``, ``step-0``) and Python
@@ -79,9 +79,24 @@ def cmd_lineage(args: argparse.Namespace) -> int:
 
 
 def cmd_fork(args: argparse.Namespace) -> int:
+    """``fork RUN --at N [--as NEW] [--state JSON]`` (any run), or ``fork RUN CHECKPOINT NODE VALUE`` (a log)."""
     from .checkpoints.log import CheckpointLog
+    from .runs.fork import fork
 
     store = open_store(args.store)
+    if args.at is not None or args.new_id is not None or args.state is not None:
+        if args.checkpoint is not None:
+            raise UsageError("give either --at N (fork a run at a waypoint) or CHECKPOINT NODE VALUE (fork a checkpoint)")
+        state: Any = {}
+        if args.state is not None:
+            try:
+                state = {"state": json.loads(args.state)}
+            except ValueError:
+                raise UsageError(f"--state must be JSON, got {args.state[:60]!r}") from None
+        print(fork(args.run_id, at=args.at, new_run_id=args.new_id, store=store, **state))
+        return 0
+    if args.checkpoint is None or args.node is None or args.value is None:
+        raise UsageError("fork needs --at N (a run's waypoint) or CHECKPOINT NODE VALUE (a DurableAgent checkpoint)")
     value: Any = args.value
     if args.json_value:
         try:
@@ -96,21 +111,76 @@ def cmd_fork(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from .checkpoints.timelines import compare, timeline
+    """Two or more timelines step by step: the shared prefix folded, the first divergence word-diffed."""
+    from .checkpoints.timelines import compare, resolve_ref, timeline
 
     store = open_store(args.store)
-    runs = [readable_run_id(r, store) for r in (args.run_a, args.run_b)]
-    result = compare(*((r, timeline(r, store)) for r in runs))
+    refs = [resolve_ref(r, store) for r in args.runs]
+    if len(refs) < 2:
+        raise UsageError("diff needs two timelines or more, e.g. caravanserai diff RUN RUN-fork-3")
+    result = compare(*((r, timeline(r, store)) for r in refs))
     if args.json:
-        _print_json(result.to_dict())
+        _print_json({**result.to_dict(), "totals": result.totals()})
         return 0
-    print(f"{runs[0]} vs {runs[1]}: shared prefix {result.shared_prefix} step(s), "
-          f"first divergence {'none' if result.first_divergence is None else 'at step ' + str(result.first_divergence)}")
+    first = result.first_divergence
+    print(f"{' vs '.join(refs)}: shared prefix {result.shared_prefix} step(s), "
+          f"first divergence {'none' if first is None else 'at step ' + str(first)}")
     for step in result.steps:
+        folded = not args.all and step["same"] and (first is None or step["step"] < first)
+        if folded and step["step"] == result.steps[0]["step"]:
+            print(f"  = steps {step['step']}-{step['step'] + result.shared_prefix - 1} identical "
+                  "(folded; --all shows them)" if result.shared_prefix > 1 else f"  = step {step['step']:>3}  (folded)")
+        if folded or (args.only_diff and step["same"]):
+            continue
         mark = "=" if step["same"] else "≠"
         shown = [_short(v) for v in step["values"]]
-        print(f"  {mark} step {step['step']:>3}  " + (shown[0] if step["same"] else "  |  ".join(shown)))
+        line = f"  {mark} step {step['step']:>3}  " + (shown[0] if step["same"] else "  |  ".join(shown))
+        print(line + _deltas(step) + ("   <- first divergence" if step["step"] == first else ""))
+    if first is not None:
+        _print_divergence(refs, next(s for s in result.steps if s["step"] == first))
     return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """``export RUN [RUN2...] --html FILE``: Timelines, Lineage and Compare in one self-contained HTML file."""
+    from .panels.export import export_runs
+
+    print(export_runs(args.runs, args.html, open_store(args.store), lineage=not args.no_lineage))
+    return 0
+
+
+def _deltas(step: dict) -> str:
+    """Each later timeline's tokens/seconds/USD against the first, where both are known."""
+    parts = []
+    for cell in step["cells"][1:]:
+        if cell is None:
+            continue
+        if cell.get("d_tokens"):
+            parts.append(f"{cell['d_tokens']:+,} tok")
+        seconds = cell.get("d_latency_s")
+        if seconds is not None and abs(seconds) >= 0.0005:  # under half a millisecond is noise
+            parts.append(f"{seconds * 1000:+,.0f} ms" if abs(seconds) < 1 else f"{seconds:+,.2f} s")
+        if cell.get("d_usd"):
+            parts.append(f"{cell['d_usd']:+.6f} USD")
+    return f"   ({', '.join(parts)})" if parts else ""
+
+
+def _print_divergence(refs: list[str], step: dict) -> None:
+    """The first divergent step, word by word against the first timeline: [-removed-] {+added+}."""
+    from .checkpoints.timelines import step_text, word_diff
+
+    base = step["cells"][0] or {}
+    print(f"\nstep {step['step']}, word by word against {refs[0]}:")
+    for i, ref in enumerate(refs[1:], start=1):
+        cell = step["cells"][i] or {}
+        for name, old, new in (("prompt", base.get("prompt"), cell.get("prompt")),
+                               ("note", base.get("note"), cell.get("note")),
+                               ("value", step_text(step["values"][0]), step_text(step["values"][i]))):
+            if old is None and new is None or old == new:
+                continue
+            marked = "".join(text if op == "=" else f"[-{text}-]" if op == "-" else f"{{+{text}+}}"
+                             for op, text in word_diff(old or "", new or ""))
+            print(f"  {ref} {name}: {marked}")
 
 
 def _short(value: Any, width: int = 60) -> str:
@@ -130,16 +200,28 @@ def add_checkpoint_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", nargs="?", help="only this checkpoint's lineage (id or unique prefix)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_lineage)
-    p = sub.add_parser("fork", parents=[common], help="fork a checkpoint: set one node's value, commit the new timeline")
+    p = sub.add_parser("fork", parents=[common],
+                       help="a new run from a run's waypoint (--at N), or a checkpoint with one node's value changed")
     p.add_argument("run_id")
-    p.add_argument("checkpoint", help="checkpoint id or unique prefix (caravanserai lineage RUN lists them)")
-    p.add_argument("node", help="node id, counted from 0: prompt-2 is step 3's prompt")
-    p.add_argument("value")
+    p.add_argument("checkpoint", nargs="?", help="checkpoint id or unique prefix (caravanserai lineage RUN lists them)")
+    p.add_argument("node", nargs="?", help="node id, counted from 0: prompt-2 is step 3's prompt")
+    p.add_argument("value", nargs="?")
+    p.add_argument("--at", type=int, metavar="N", help="fork the run at its waypoint N (default: its last)")
+    p.add_argument("--as", dest="new_id", metavar="NEW", help="the new run's id (default RUN-fork-N)")
+    p.add_argument("--state", metavar="JSON", help="replace waypoint N's state in the fork")
     p.add_argument("--json-value", action="store_true", help="VALUE is JSON (default: a string)")
     p.add_argument("--new-run", metavar="RUN_ID", help="start the fork as a new run")
     p.set_defaults(func=cmd_fork)
-    p = sub.add_parser("diff", parents=[common], help="compare two timelines step by step")
-    p.add_argument("run_a")
-    p.add_argument("run_b")
+    p = sub.add_parser("diff", parents=[common], help="compare timelines step by step; the first divergence word by word")
+    p.add_argument("runs", nargs="+", metavar="RUN",
+                   help="runs (or RUN@CHECKPOINT for a branch of a log), the first is the baseline")
+    p.add_argument("--all", action="store_true", help="show the shared prefix step by step (folded by default)")
+    p.add_argument("--only-diff", action="store_true", help="show only the steps that differ")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_diff)
+    p = sub.add_parser("export", parents=[common],
+                       help="runs' Timelines, their Lineage and a Compare in one HTML file that works offline")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="runs to show (two or more are also compared, the first as baseline)")
+    p.add_argument("--html", required=True, metavar="FILE", help="the file to write (self-contained, read-only)")
+    p.add_argument("--no-lineage", action="store_true", help="leave out the fork tree")
+    p.set_defaults(func=cmd_export)

@@ -35,7 +35,9 @@ The tree (codes in parentheses)::
     │   ├── ItemsChanged                   (items_changed)          resumable_iterate's input changed
     │   ├── ResumeError                    (resume_error)           `caravanserai resume` cannot replay the launch
     │   ├── NoSuchCall                     (no_such_call)           no unsettled tool call with that id
-    │   └── NoCurrentRun                   (no_current_run)         checkpoint(state) etc. outside a run
+    │   ├── NoCurrentRun                   (no_current_run)         checkpoint(state) etc. outside a run
+    │   ├── NoSuchWaypoint                 (no_such_waypoint)       fork(at=N): the run has no waypoint N
+    │   └── RunExists                      (run_exists)             fork into a run id that is taken
     ├── ValueRestoreError                  (value_restore_error)    a saved notebook value that must not be loaded
     │   ├── UntrustedPickle                (untrusted_pickle)       pickle from a store not yours nor trusted
     │   └── ClassNotAllowed                (class_not_allowed)      a class neither defined here nor allowed
@@ -108,6 +110,7 @@ __all__ = [
     "ModelNotConfigured",
     "NoCurrentRun",
     "NoSuchCall",
+    "NoSuchWaypoint",
     "ObjectConditionalPutRequired",
     "ObjectLeaseTtlInvalid",
     "ObjectNotFound",
@@ -115,6 +118,7 @@ __all__ = [
     "ResumeError",
     "RunClosed",
     "RunError",
+    "RunExists",
     "RunLocked",
     "RunNotFound",
     "SequenceMismatch",
@@ -325,6 +329,14 @@ class NoSuchCall(RunError, LookupError):
 
 class NoCurrentRun(RunError, TypeError):
     code = "no_current_run"
+
+
+class NoSuchWaypoint(RunError, LookupError):
+    code = "no_such_waypoint"
+
+
+class RunExists(RunError):
+    code = "run_exists"
 
 
 class ValueRestoreError(CaravanseraiError):

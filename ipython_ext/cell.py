@@ -20,10 +20,11 @@ import time
 from typing import Any
 
 from caravanserai.cli import ArgumentParser
-from caravanserai.errors import CellChanged, RunNotFound
+from caravanserai.errors import CellChanged
 from caravanserai.errors import UsageError as CaravanseraiUsageError
 from caravanserai.journal import digest
-from caravanserai.runs.lifecycle import RunScope, open_checked, read_events
+from caravanserai.runs.fork import fork
+from caravanserai.runs.lifecycle import RunScope
 from caravanserai.runs.snapshots import Snapshotter
 from caravanserai.stores import open_store
 
@@ -32,13 +33,15 @@ OUTPUT_LIMIT = 64 * 1024
 
 def parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="%%resumable", add_help=False,
-                       usage="%(prog)s RUN_ID [--store URL] [--state a,b] [--every N] [--fork NEW_ID] [--restart]",
+                       usage="%(prog)s RUN_ID [--store URL] [--state a,b] [--every N] [--fork NEW_ID | --from RUN@N] [--restart]",
                                 description="Run a cell as a durable run that survives kernel restarts.")
     p.add_argument("run_id")
     p.add_argument("--store", help="store URL (default: %%caravanserai store, $CARAVANSERAI_STORE or ./.caravanserai)")
     p.add_argument("--state", help="comma-separated names to save (default: every name the cell assigns)")
     p.add_argument("--every", type=_positive, help="save the variables at most every N commits (default: every commit)")
     p.add_argument("--fork", metavar="NEW_ID", help="continue from the run's last waypoint under a new run id")
+    p.add_argument("--from", dest="from_", metavar="RUN@N", type=_run_at,
+                   help="start this run as a fork of RUN at its waypoint N (RUN alone: its last waypoint)")
     p.add_argument("--restart", action="store_true", help="start again from scratch (the old attempt stays in history)")
     return p
 
@@ -48,6 +51,13 @@ def _positive(text: str) -> int:
     if value < 1:
         raise ValueError(text)
     return value
+
+
+def _run_at(text: str) -> tuple[str, int | None]:
+    run_id, _, at = text.partition("@")
+    if not run_id or (at and not at.isdigit()):
+        raise ValueError(text)
+    return run_id, int(at) if at else None
 
 
 def parse_args(line: str) -> argparse.Namespace | None:
@@ -109,7 +119,9 @@ class CellRun:
         self.namespace = self.shell.user_ns if self.shell is not None else sys.modules["__main__"].__dict__
         args = parse_args(line)
         self.help = args is None  # `%%resumable --help`: the help was printed, the cell does not run
-        self.args = args or argparse.Namespace(run_id="", store=None, state=None, every=None, fork=None, restart=False)
+        self.args = args or argparse.Namespace(run_id="", store=None, state=None, every=None, fork=None, from_=None,
+                                               restart=False)
+        self.args.from_run, self.args.from_at = self.args.from_ or (None, None)
         self.source = source
         explicit = [n.strip() for n in (self.args.state or "").split(",") if n.strip()]
         self.names = explicit or [n for n in names if not n.startswith("__caravanserai")]
@@ -153,10 +165,11 @@ class CellRun:
             return self
         store = open_store(self.args.store)
         definition = digest({"cell": self.source})
-        run_id = self.args.run_id
-        if self.args.fork:
-            _prepare_fork(store, run_id, self.args.fork, definition, self.source)
-            run_id = self.args.fork
+        run_id = self.args.fork or self.args.run_id
+        source = self.args.run_id if self.args.fork else self.args.from_run
+        if source is not None and not store.load(run_id):  # once: re-running the cell resumes the fork
+            fork(source, at=self.args.from_at, new_run_id=run_id, store=store,
+                 started={"definition_sha256": definition, "cell_source": self.source})
         self.scope = RunScope(run_id, store, not_failures=(CellChanged,))
         self.run = run = self.scope.__enter__()
         self.scope.ending = False  # until the cell's body runs, leaving records nothing
@@ -254,6 +267,9 @@ def _check_source(run_id: str, events: list[dict], definition: str, source: str)
     for event in events:
         if event["type"] == "restarted":
             started = {**started, **event}
+        elif event["type"] == "forked" and "definition_sha256" in event:  # a fork made under this cell's source
+            started = {**started, "definition_sha256": event["definition_sha256"],
+                       "cell_source": event.get("cell_source")}
     if started.get("definition_sha256") in (None, definition):
         return
     old = (started.get("cell_source") or "").splitlines()
@@ -266,47 +282,6 @@ def _check_source(run_id: str, events: list[dict], definition: str, source: str)
         f"`%%resumable {run_id} --restart` to start it again",
         run_id=run_id, field="definition_sha256",
     )
-
-
-def _prepare_fork(store: Any, source_run: str, new_run: str, definition: str, cell_source: str) -> None:
-    """Start ``new_run`` where ``source_run`` stands: its last waypoint, its loops' progress and its
-    saved variables (once; a re-run of the fork cell just resumes the fork)."""
-    if read_events(new_run, store):
-        return
-    everything = read_events(source_run, store)
-    if not everything:
-        raise RunNotFound(f"cannot fork run {source_run!r}: it does not exist in {store.url}; "
-                          "check the id with %caravanserai list", run_id=source_run)
-    restart = max((i for i, e in enumerate(everything) if e["type"] == "restarted"), default=-1)
-    events = everything[restart + 1:]  # only the current attempt's state counts after a --restart
-    waypoint = next((e for e in reversed(events) if e["type"] == "waypoint" and "state" in e), None)
-    named = next((e for e in reversed(events) if e["type"] in ("waypoint", "progress") and "names" in e), None)
-    loops: dict[int, dict] = {}
-    for event in events:
-        if event["type"] == "progress":
-            loop = loops.setdefault(event.get("loop", 0), {"items": [], "done": 0})
-            loop["items"].extend(event.get("items", ()))
-            loop["done"] = event.get("done", len(loop["items"]))
-    copied: list[dict] = [{"type": "waypoint", "n": 1, "note": f"forked from {source_run}",
-                           "state": waypoint.get("state") if waypoint else None}]
-    copied += [{"type": "progress", "loop": loop, "done": info["done"], "items": info["items"],
-                "note": f"forked from {source_run}"}
-               for loop, info in sorted(loops.items())]
-    if named is not None:
-        values = named["names"].get("values", {})
-        copied[-1]["names"] = {"values": values, "at": named["names"].get("at")}
-        for entry in values.values():  # large values live under the source run's key space
-            if "object" in entry:
-                payload = store.objects.get(f"values/{source_run}/{entry['object']}")
-                store.objects.put_if_absent(f"values/{new_run}/{entry['object']}", payload)
-    run, owner = open_checked(new_run, store, {})
-    try:
-        run.describe(forked_from={"run_id": source_run, "seq": everything[-1]["seq"]},
-                     definition_sha256=definition, cell_source=cell_source)
-        run.append(*copied)
-    finally:
-        if owner:
-            run.close()
 
 
 class StatusLine:

@@ -113,3 +113,15 @@ def object_key(objects: CheckpointStore, run_id: str, cid: str) -> str:
 def files_under(root: Path) -> list[str]:
     """Every file under ``root`` (dot files included), relative, sorted."""
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def store_bytes(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` with its bytes: compared before and after, it proves nothing was written."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def logged_run(store, run_id: str, prompts: list[str]) -> CheckpointLog:
+    """A finished DurableAgent run (fake backend) committed step by step into its CheckpointLog on ``store``."""
+    log = CheckpointLog(store, run_id)
+    log.resume(log.commit(DurableAgent().begin(prompts).checkpoint()))
+    return log

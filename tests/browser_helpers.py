@@ -179,3 +179,41 @@ def screenshot(page_or_locator, name: str) -> Path:
     path = ARTIFACTS / name
     page_or_locator.screenshot(path=str(path))
     return path
+
+
+def has_module(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def need_browser(*modules: str) -> None:
+    """Skip (fail under CI=true) without Chromium, Playwright, the kernel packages or ``modules``."""
+    from conftest import need, need_kernel_packages
+
+    reason = browser_missing()
+    need(reason is None, reason or "")
+    need_kernel_packages()
+    for module in modules:
+        need(has_module(module), f"{module} is not installed (the [test] extra)")
+
+
+def notebook(path: Path, cells: list[str]) -> None:
+    """Write a notebook of code ``cells`` (Python 3 kernel) to ``path``."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell(source) for source in cells]
+    nbformat.write(nb, path)
+
+
+def run_cell(page, index: int) -> float:
+    """Select code cell ``index`` of the open notebook and run it; returns the page time when it was sent."""
+    return page.evaluate("""(i) => {
+      const nb = window.jupyterapp.shell.currentWidget.content;
+      nb.activeCellIndex = i;
+      const t = performance.now();
+      window.jupyterapp.commands.execute('notebook:run-cell');
+      return t;
+    }""", index)

@@ -25,44 +25,27 @@ from pathlib import Path
 import pytest
 from browser_helpers import (
     JupyterServer,
-    browser_missing,
     chromium,
     free_port,
+    has_module,
     kernel_env,
     lab_command,
+    need_browser,
+    notebook,
     open_notebook,
     run_all,
     screenshot,
     wait_http,
     wait_idle,
 )
-from conftest import need, need_kernel_packages
+from conftest import need
 
 TOPICS = ["rivers", "deserts", "glaciers", "volcanoes"]
 
 
 @pytest.fixture(scope="module", autouse=True)
 def browser_parts():
-    reason = browser_missing()
-    need(reason is None, reason or "")
-    need_kernel_packages()
-    for module in ("jupyterlab", "anywidget", "matplotlib"):
-        need(_has(module), f"{module} is not installed (the [test] extra)")
-
-
-def _has(module: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(module) is not None
-
-
-def notebook(path: Path, cells: list[str]) -> None:
-    import nbformat
-
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [nbformat.v4.new_code_cell(source) for source in cells]
-    nbformat.write(nb, path)
+    need_browser("jupyterlab", "anywidget", "matplotlib")
 
 
 def events(store: str, run_id: str) -> list[dict]:
@@ -248,7 +231,7 @@ for i in range(5):
 
 
 def test_timeline_in_jupyter_notebook_7(tmp_path):
-    need(_has("notebook"), "notebook (Jupyter Notebook 7) is not installed (the [test] extra)")
+    need(has_module("notebook"), "notebook (Jupyter Notebook 7) is not installed (the [test] extra)")
     notebook(tmp_path / "nb7.ipynb", [SMALL_RUN, "from caravanserai.widgets import Timeline\nTimeline('small-run')",
                                       "Timeline('no-such-run', live=False)"])
     server = JupyterServer(tmp_path, app="notebook")
@@ -296,7 +279,7 @@ if __name__ == "__main__":
 
 
 def test_timeline_in_marimo(tmp_path, child_env):
-    need(_has("marimo"), "marimo is not installed (the [test] extra)")
+    need(has_module("marimo"), "marimo is not installed (the [test] extra)")
     store = str(tmp_path / ".caravanserai")
     subprocess.run([sys.executable, "-c", SMALL_RUN], cwd=tmp_path, env=child_env, check=True)
     (tmp_path / "app.py").write_text(MARIMO_APP.format(store=store))

@@ -618,10 +618,10 @@ def test_diff_and_timelines_number_steps_from_1(capsys, cli_log):
     result = compare(("ticket", steps), ("ticket-alt", timeline("ticket-alt", url)))
     assert result.shared_prefix == 2 and result.first_divergence == 3
     assert [s["step"] for s in result.steps] == [1, 2, 3, 4]
-    code, out, _ = run_cli(capsys, "diff", "ticket", "ticket-alt", "--store", url)
+    code, out, _ = run_cli(capsys, "diff", "ticket", "ticket-alt", "--store", url, "--all")
     assert code == 0 and "first divergence at step 3" in out and "shared prefix 2 step(s)" in out
-    assert [line.split()[:3] for line in out.splitlines()[1:]] == [["=", "step", "1"], ["=", "step", "2"],
-                                                                  ["≠", "step", "3"], ["≠", "step", "4"]]
+    assert [line.split()[:3] for line in out.splitlines()[1:5]] == [["=", "step", "1"], ["=", "step", "2"],
+                                                                   ["≠", "step", "3"], ["≠", "step", "4"]]
     assert CheckpointLog(log.store, "ticket-alt").record(alt).parent == ids[3]
 
 

@@ -12,11 +12,12 @@ from typing import Any
 import pandas as pd
 import traitlets
 
+from caravanserai.panels.source import pretty as _pretty
+from caravanserai.panels.timeline import raise_missing
 from caravanserai.runs.follow import Follower
 from caravanserai.stores import Store
 
 from .panel import Panel
-from .timeline import _pretty, raise_missing
 
 SORTABLE = ("seq", "at", "type", "attempt", "call_id", "summary")
 
@@ -69,7 +70,7 @@ class JournalTable(Panel):
             self.types = sorted(self._df["type"].unique().tolist())
             self.attempt_numbers = [a.number for a in view.attempts]
         self._refilter(push=False)
-        self.show_error(None)
+        self.show_error(None, reading=True)
         return True
 
     def _refilter(self, push: bool = True) -> None:

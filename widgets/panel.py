@@ -1,10 +1,12 @@
 """The base of every panel: an anywidget whose rows stay in the kernel, windowed to the browser.
 
-A panel computes its rows in Python (``_row_count``/``_rows``); the browser draws a virtual list
-of ``total`` rows and asks for the window it shows (``view_start``/``view_count``), so what is sent
-does not grow with the run. A background watcher (``watch()``) polls for changes and pushes only
-what changed; ``close()`` stops it. Errors become the panel's one-line ``error``, never a blank
-cell or a JavaScript error. The JavaScript and CSS are files of this package (no CDN).
+A panel draws a *source* (``caravanserai.panels``): its rows, computed in Python; the browser
+draws a virtual list of ``total`` rows and asks for the window it shows (``view_start``/
+``view_count``), so what is sent does not grow with the run. A background watcher (``watch()``)
+polls for changes and pushes only what changed; ``close()`` stops it. Errors become the panel's
+one-line ``error``, never a blank cell or a JavaScript error. Buttons send messages
+(``{"action": ...}``) handled by ``on_<action>`` methods. ``to_html(path)`` writes the panel into
+one self-contained HTML file. The JavaScript and CSS are files of this package (no CDN).
 """
 
 from __future__ import annotations
@@ -17,17 +19,12 @@ from typing import Any
 import anywidget
 import traitlets
 
-from caravanserai.errors import CaravanseraiError
+from caravanserai.errors import UsageError
+from caravanserai.panels.source import Source, one_line
 
 STATIC = Path(__file__).parent / "static"
 POLL_SECONDS = 0.2  # a live panel shows new events within this plus one round trip
 WINDOW = 200  # rows sent when the browser has not asked yet
-
-
-def one_line(error: BaseException) -> str:
-    """The panel's error line: the typed error's one-line message, or the exception's first line."""
-    message = error.message if isinstance(error, CaravanseraiError) else (str(error).strip().splitlines() or [""])[0]
-    return f"{type(error).__name__}: {message}"
 
 
 class Panel(anywidget.AnyWidget):
@@ -49,27 +46,75 @@ class Panel(anywidget.AnyWidget):
     live = traitlets.Bool(False).tag(sync=True)
     follow = traitlets.Bool(True).tag(sync=True)
     start_at_end = traitlets.Bool(False).tag(sync=True)
+    jump = traitlets.Int(-1).tag(sync=True)  # a row to scroll to and select on first paint
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(self, source: Source | None = None, **kwargs: Any) -> None:
+        super().__init__(**({"panel": source.panel} if source is not None else {}), **kwargs)
+        self.source = source
+        self._read_error = False
         self._lock = threading.RLock()
         self._stop: threading.Event | None = None
         self.observe(lambda _: self.send_window(), names=["view_start", "view_count"])
         self.observe(self._on_cursor, names=["cursor"])
+        if source is not None and source.options:
+            self.observe(self._on_option, names=list(source.options))
+        self.on_msg(self._on_message)
 
-    # ---- what subclasses give ----------------------------------------------------------------
+    # ---- what a source (or a subclass) gives ---------------------------------------------------
     def _row_count(self) -> int:
-        raise NotImplementedError
+        assert self.source is not None
+        return self.source.count()
 
     def _rows(self, start: int, stop: int) -> list[dict]:
-        raise NotImplementedError
+        assert self.source is not None
+        return self.source.rows(start, stop)
 
     def _detail(self, index: int) -> dict:
-        return {}
+        return self.source.detail(index) if self.source is not None else {}
 
     def _poll(self) -> bool:
         """Read what changed since the last poll; True if the rows changed (the watcher then pushes)."""
-        return False
+        if self.source is None or not self.source.poll():
+            return False
+        self._sync()
+        self.show_error(None, reading=True)
+        return True
+
+    def _sync(self) -> None:
+        """Copy the source's summary and traits to the browser."""
+        assert self.source is not None
+        with self.hold_sync():
+            self.summary = self.source.summary()
+            for name, value in self.source.traits().items():
+                setattr(self, name, value)
+
+    def _on_option(self, change: Any) -> None:
+        assert self.source is not None
+        with self._lock:
+            self.source.set_option(change["name"], change["new"])
+            self.cursor = -1
+            self._sync()
+            self.send_window()
+
+    def _on_message(self, _widget: Any, content: Any, _buffers: Any) -> None:
+        """A button in the browser: ``{"action": NAME, ...}`` calls ``on_NAME(content)``; errors go to the error line."""
+        action = content.get("action") if isinstance(content, dict) else None
+        handler = getattr(self, f"on_{action}", None) if isinstance(action, str) and action.isidentifier() else None
+        if handler is None:
+            return
+        try:
+            handler(content)
+        except Exception as exc:  # a click must never leave a traceback in the log instead of an answer
+            self.show_error(exc)
+
+    def to_html(self, path: str, title: str | None = None) -> str:
+        """Write this panel (read-only, data embedded, JS and CSS inlined, no network) to ``path``; returns it."""
+        from caravanserai.panels.export import write_html
+
+        if self.source is None:
+            raise UsageError(f"{type(self).__name__} cannot be exported; Timeline, Lineage and Compare can")
+        with self._lock:
+            return write_html(path, [self.source], title=title)
 
     # ---- windowing ---------------------------------------------------------------------------
     def send_window(self) -> None:
@@ -90,8 +135,13 @@ class Panel(anywidget.AnyWidget):
         except Exception as exc:  # a detail that cannot be shown must not break the panel
             self.detail = {"title": one_line(exc)}
 
-    def show_error(self, error: BaseException | None) -> None:
+    def show_error(self, error: BaseException | None, *, reading: bool = False) -> None:
+        """Show ``error`` as the one-line error (None clears it). An error from reading the store
+        (``reading``) clears when a later read succeeds; one from a click stays until the next click."""
+        if error is None and reading and not self._read_error:
+            return
         self.error = "" if error is None else one_line(error)
+        self._read_error = reading and error is not None
 
     # ---- live --------------------------------------------------------------------------------
     def watch(self, interval: float = POLL_SECONDS) -> None:
@@ -117,13 +167,19 @@ class Panel(anywidget.AnyWidget):
         self.unwatch()
         super().close()
 
+    def refresh(self) -> None:
+        """Read changes now and push them; unlike ``tick`` it raises what reading raises."""
+        with self._lock:
+            if self._poll():
+                self.send_window()
+
     def tick(self) -> bool:
         """One poll: read changes and, when rows changed, push the browser's window; True if changed."""
         with self._lock:
             try:
                 changed = self._poll()
             except Exception as exc:
-                self.show_error(exc)
+                self.show_error(exc, reading=True)
                 return False
             if changed:
                 self.send_window()

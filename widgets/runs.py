@@ -10,11 +10,12 @@ from typing import Any
 import ipywidgets
 
 from caravanserai.errors import CaravanseraiError
+from caravanserai.panels.timeline import run_summary_row
 from caravanserai.runs.view import inspect_run
 from caravanserai.stores import Store, open_store
 
 from .panel import Panel
-from .timeline import Timeline, run_summary_row
+from .timeline import Timeline
 
 RUNS_POLL_SECONDS = 1.0
 
@@ -49,7 +50,7 @@ class RunsList(Panel):
             self._rows_by_id.pop(gone)
         if changed:
             self._all = sorted(self._rows_by_id.values(), key=lambda r: r.get("updated_at") or "", reverse=True)
-        self.show_error(None)
+        self.show_error(None, reading=True)
         return changed
 
     def _row_count(self) -> int:

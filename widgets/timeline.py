@@ -1,122 +1,21 @@
-"""``Timeline(run_id)``: a run's waypoints, calls and tool calls in journal order, grouped by attempt.
+"""``Timeline(run_id)``: a run's waypoints, calls, tool calls and checkpoint commits in journal order, by attempt.
 
-Each attempt opens with a boundary row saying how it ended (completed, failed, interrupted, or
-killed: a later attempt started with no end recorded). A call is one row from intent to result
-with a bar for its duration, its model, tokens and USD, marked paid or replayed (answered from
-the journal, free). Waypoint notes render as Markdown; a click shows the full event and, for a
-waypoint, its exact state. Loop progress (``resumable_iterate`` commits) folds into one row per
-run of commits. Rows are built in the kernel from the read model (``caravanserai.runs.view``)
-and only the visible window goes to the browser.
+The rows come from ``caravanserai.panels.timeline`` (built in the kernel from the read model; only
+the visible window goes to the browser); waypoint notes render as Markdown, and a click shows the
+full event and, for a waypoint, its exact state. Live: new journal lines appear as they are written.
 """
 
 from __future__ import annotations
 
-import heapq
-import json
-from typing import Any
-
 import traitlets
 
-from caravanserai.runs.follow import Follower
-from caravanserai.runs.view import RunView, gc_paused
+from caravanserai.panels.timeline import TimelineSource, raise_missing, row_dict, run_summary_row, timeline_rows
+from caravanserai.runs.view import RunView
 from caravanserai.stores import Store
 
 from .panel import Panel
 
-DETAIL_LIMIT = 200_000  # characters of an event or state shown in the detail pane
-
-
-def timeline_items(view: RunView, *, fold: bool = True) -> list[tuple]:
-    """The Timeline's rows as light tuples in journal order (``row_dict`` turns one into JSON).
-
-    Only the rows the browser shows become dicts, so a 100,000-event run costs a merge of
-    already-ordered lists here, not 100,000 dicts.
-    """
-    with gc_paused():
-        return _items(view, fold)
-
-
-def _items(view: RunView, fold: bool) -> list[tuple]:
-    attempts = [(a.seq, "attempt", a) for a in view.attempts]
-    ends = [(a.seq + a.events - 1 + 0.5, "end", a) for a in view.attempts
-            if a.end in ("completed", "failed", "interrupted") and a.ended_at]
-    waypoints = [(w.seq, "waypoint", w) for w in view.waypoints]
-    calls = [(c.seq, "call", c) for c in view.calls]
-    merged = list(heapq.merge(attempts, ends, waypoints, calls, key=lambda item: item[0]))
-    return _fold_loops(merged) if fold else merged
-
-
-def _fold_loops(items: list[tuple]) -> list[tuple]:
-    """Consecutive loop waypoints of one loop and attempt become one item: (seq, "loop", [waypoints])."""
-    out: list[tuple] = []
-    for item in items:
-        if item[1] == "waypoint" and item[2].loop is not None:
-            last = out[-1] if out else None
-            if last is not None and last[1] == "loop" and last[2][0].loop == item[2].loop and \
-                    last[2][0].attempt == item[2].attempt:
-                last[2].append(item[2])
-                continue
-            out.append((item[0], "loop", [item[2]]))
-            continue
-        out.append(item)
-    return out
-
-
-def row_dict(item: tuple, longest: float, effects: dict[str, str]) -> dict:
-    """One Timeline row as the browser draws it."""
-    _, kind, obj = item
-    if kind == "attempt":
-        return {"kind": "attempt", "seq": obj.seq, "number": obj.number, "at": obj.started_at, "end": obj.end,
-                "message": obj.message, "pid": obj.pid, "host": obj.host}
-    if kind == "end":
-        text = "the run completed" if obj.end == "completed" else (obj.message or "")
-        return {"kind": obj.end, "seq": obj.seq + obj.events - 1, "at": obj.ended_at, "text": text}
-    if kind == "waypoint":
-        return {"kind": "waypoint", "seq": obj.seq, "n": obj.n, "at": obj.at, "note": obj.note, "loop": obj.loop,
-                "has_state": obj.has_state, "attempt": obj.attempt}
-    if kind == "loop":
-        first, last = obj[0], obj[-1]
-        return {"kind": "loop", "seq": first.seq, "last_seq": last.seq, "loop": first.loop, "at": first.at,
-                "attempt": first.attempt, "commits": len(obj), "note": last.note, "first_n": first.n, "last_n": last.n,
-                "first_done": _done(first.note, 1), "last_done": _done(last.note, len(obj))}
-    c = obj
-    return {"kind": "call", "kind_of": c.kind, "seq": c.seq, "call_id": c.call_id, "at": c.started_at,
-            "model": c.model, "tool": c.tool, "effect": effects.get(c.call_id), "status": c.status,
-            "duration_s": c.duration_s, "bar": (c.duration_s or 0.0) / longest, "tokens": c.total_tokens, "usd": c.usd,
-            "priced": c.priced, "paid": c.paid, "replayed": c.replayed, "replayed_in": list(c.replayed_in),
-            "attempt": c.attempt}
-
-
-def timeline_rows(view: RunView, *, fold: bool = True) -> list[dict]:
-    """Every Timeline row of ``view`` as JSON dicts (tests, exports; the panel makes only its window)."""
-    longest, effects = _scale(view)
-    return [row_dict(item, longest, effects) for item in timeline_items(view, fold=fold)]
-
-
-def _scale(view: RunView) -> tuple[float, dict[str, str]]:
-    longest = max((c.duration_s or 0.0 for c in view.calls), default=0.0) or 1.0
-    return longest, {t.call_id: t.effect for t in view.tools}
-
-
-def _done(note: str, fallback: int) -> int:
-    """Items done, from a loop waypoint's default note (``processed item 7/10``)."""
-    head = note.removeprefix("processed item ").split("/", 1)[0]
-    return int(head) if head.isdigit() else fallback
-
-
-def run_summary_row(view: RunView) -> dict:
-    """The header of a run's panels."""
-    receipt = view.receipt
-    return {"run_id": view.run_id, "status": view.status, "attempts": len(view.attempts),
-            "waypoints": len(view.waypoints), "calls": len(view.calls), "tokens": receipt.tokens,
-            "usd": receipt.estimated_usd, "unpriced": receipt.unpriced,
-            "replayed": sum(len(c.replayed_in) for c in view.calls), "events": view.events,
-            "parent": view.parent.run_id if view.parent else None, "updated_at": view.updated_at}
-
-
-def _pretty(value: Any) -> str:
-    text = json.dumps(value, indent=2, ensure_ascii=False, default=repr)
-    return text if len(text) <= DETAIL_LIMIT else text[:DETAIL_LIMIT] + f"\n... ({len(text):,} characters in all)"
+__all__ = ["Timeline", "raise_missing", "row_dict", "run_summary_row", "timeline_rows"]
 
 
 class Timeline(Panel):
@@ -125,13 +24,8 @@ class Timeline(Panel):
     fold = traitlets.Bool(True).tag(sync=True)
 
     def __init__(self, run_id: str, store: Store | str | None = None, *, live: bool = True, fold: bool = True) -> None:
-        super().__init__(panel="timeline", fold=fold)
         self.run_id = run_id
-        self._store = store
-        self._follower: Follower | None = None
-        self._all: list[tuple] = []
-        self._scale: tuple[float, dict[str, str]] = (1.0, {})
-        self.observe(lambda _: self._rebuild(), names=["fold"])
+        super().__init__(TimelineSource(run_id, store, fold=fold), fold=fold)
         self.tick() or self.send_window()
         if live:
             self.watch()
@@ -139,64 +33,5 @@ class Timeline(Panel):
     @property
     def view(self) -> RunView | None:
         """The read model of what the panel shows (None before the run exists)."""
-        return self._follower.view() if self._follower is not None and self._follower.events else None
-
-    def _poll(self) -> bool:
-        if self._follower is None:
-            self._follower = Follower(self.run_id, self._store)
-        if not self._follower.poll() and self._all:
-            return False
-        view = self.view
-        if view is None:
-            raise_missing(self.run_id, self._follower.store)
-        self._rebuild(push=False)
-        self.show_error(None)
-        return True
-
-    def _rebuild(self, push: bool = True) -> None:
-        view = self.view
-        if view is None:
-            return
-        with self._lock:
-            self._all = timeline_items(view, fold=self.fold)
-            self._scale = _scale(view)
-            self.summary = run_summary_row(view)
-        if push:
-            self.send_window()
-
-    def _row_count(self) -> int:
-        return len(self._all)
-
-    def _rows(self, start: int, stop: int) -> list[dict]:
-        longest, effects = self._scale
-        return [row_dict(item, longest, effects) for item in self._all[start:stop]]
-
-    def _detail(self, index: int) -> dict:
-        row, view = self._rows(index, index + 1)[0], self.view
-        assert view is not None
-        event = view.event(row.get("last_seq", row["seq"]))
-        detail: dict[str, Any] = {"title": _title(row), "event": _pretty(event)}
-        if row["kind"] in ("waypoint", "loop"):
-            detail["note"] = event.get("note", "")
-            if "state" in event:
-                detail["state"] = _pretty(event["state"])
-        return detail
-
-
-def _title(row: dict) -> str:
-    kind = row["kind"]
-    if kind == "waypoint":
-        return f"waypoint {row['n']} (journal seq {row['seq']})"
-    if kind == "loop":
-        return f"loop {row['loop']}: {row['commits']} commit(s), waypoints {row['first_n']}-{row['last_n']} (the last one shown)"
-    if kind == "call":
-        return f"{row['kind_of']} call {row['call_id']} (seq {row['seq']})"
-    if kind == "attempt":
-        return f"attempt {row['number']} (seq {row['seq']})"
-    return f"{kind} (seq {row['seq']})"
-
-
-def raise_missing(run_id: str, store: Store) -> None:
-    from caravanserai.errors import RunNotFound
-
-    raise RunNotFound(f"no run {run_id!r} in {store.url} (yet): check the id with %caravanserai list", run_id=run_id)
+        assert isinstance(self.source, TimelineSource)
+        return self.source.view

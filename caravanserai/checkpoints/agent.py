@@ -15,6 +15,7 @@ is counted as ``tokens_saved``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from collections.abc import Sequence
@@ -232,6 +233,31 @@ class DurableAgent:
             self._execute(step)
         return self.step_outputs()
 
+    def load(self, ckpt: bytes) -> DurableAgent:
+        """Load a checkpoint without running anything (``run_step`` then runs what is pending)."""
+        self._load(ckpt)
+        return self
+
+    def pending_steps(self) -> list[int]:
+        """Indexes (from 0) of the steps not run yet, in order."""
+        values = self._require()["values"]
+        return [i for i in range(self._require()["steps"]) if step_id(i) not in values]
+
+    def run_step(self, i: int) -> bool:
+        """Run step ``i`` (from 0) if it is not done; True if it was computed now. Earlier steps must be done."""
+        header = self._require()
+        if not 0 <= i < header["steps"]:
+            raise IndexError(f"step {i} is out of range: this run has steps 0..{header['steps'] - 1}")
+        if i and step_id(i - 1) not in header["values"]:
+            raise UsageError(f"step {i} needs step {i - 1}'s output first: run the steps in order")
+        before = len(self.computed_steps)
+        self._execute(i)
+        return len(self.computed_steps) > before
+
+    @property
+    def tokens_computed(self) -> int:
+        return getattr(self._backend, "tokens_computed", 0)
+
     def checkpoint(self) -> bytes:
         """The current run state as checkpoint bytes (deterministic)."""
         return fmt.encode(fmt.CheckpointData(self._require(), dict(self._kv)))
@@ -268,7 +294,11 @@ class DurableAgent:
         ``UnknownNode`` if the checkpoint has no such node; ``UsageError`` for a prompt value that
         is not a str; ``SerializationError`` for a value that is not JSON.
         """
-        data = _decode(ckpt)
+        return fmt.encode(DurableAgent.fork_data(_decode(ckpt), node_id, value))
+
+    @staticmethod
+    def fork_data(data: fmt.CheckpointData, node_id: str, value: Any) -> fmt.CheckpointData:
+        """``fork`` on a decoded, validated checkpoint (``data`` is not modified)."""
         header = dict(data.header)
         steps = header["steps"]
         where = _node_index(node_id, steps)
@@ -287,7 +317,7 @@ class DurableAgent:
         values[node_id] = value
         kv.pop(node_id, None)
         header["values"] = values
-        return fmt.encode(fmt.CheckpointData(header, kv))
+        return fmt.CheckpointData(header, kv)
 
     # ---- internals -----------------------------------------------------------------------
     def _require(self) -> dict[str, Any]:
@@ -354,11 +384,19 @@ def _check_graph(graph: Any, steps: int, what: str) -> None:
     """The graph must be exactly the one ``begin`` builds for ``steps`` steps (length checked before any loop)."""
     if not isinstance(graph, list) or len(graph) != 2 * steps:
         corrupt(what, f"its graph does not hold the {steps} steps its header names")
+    if graph == _expected_graph(steps) and all(type(node["step"]) is int for node in graph):
+        return  # one comparison in C; == cannot tell 1 from True or 1.0, hence the type check
     for position, node in enumerate(graph):
         expected = _graph_node(position)
         if not (isinstance(node, dict) and node.keys() == expected.keys()
                 and type(node["step"]) is int and node == expected):
             corrupt(what, f"its graph node {position} is not the {expected['id']} node")
+
+
+@functools.lru_cache(maxsize=4)
+def _expected_graph(steps: int) -> list[dict]:
+    """The graph ``begin`` builds for ``steps`` steps (cached: checkpoints of one run share it; never modified)."""
+    return _graph(steps)
 
 
 def _graph_node(position: int) -> dict[str, Any]:
@@ -374,12 +412,18 @@ def _check_values(values: Any, steps: int, what: str) -> None:
     """Values: a dict keyed by node ids of the graph, with a str for every prompt."""
     if not isinstance(values, dict):
         corrupt(what, "its values are not a JSON object")
-    for key in values:
-        if _node_index(key, steps) is None:
-            corrupt(what, f"its values name {short(key)}, which is no node of its graph")
+    if not values.keys() <= _node_ids(steps):  # a set comparison; the loop below only names the stray key
+        for key in values:
+            if _node_index(key, steps) is None:
+                corrupt(what, f"its values name {short(key)}, which is no node of its graph")
     for i in range(steps):  # bounded: steps == len(graph) / 2, checked first
         if not isinstance(values.get(prompt_id(i)), str):
             corrupt(what, f"its prompt {prompt_id(i)} is missing or not a string")
+
+
+@functools.lru_cache(maxsize=4)
+def _node_ids(steps: int) -> frozenset[str]:
+    return frozenset(node["id"] for node in _expected_graph(steps))
 
 
 def _check_kv(kv: dict[str, bytes], values: dict[str, Any], backend: str, what: str) -> None:

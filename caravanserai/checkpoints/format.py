@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import struct
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -98,21 +99,43 @@ def decode(blob: bytes, *, what: str = "checkpoint") -> CheckpointData:
 
 
 def _parse_header(raw: bytes, what: str) -> dict[str, Any]:
-    """The header as a dict: strict UTF-8 JSON, no NaN/Infinity, an object, bounded nesting, with a kv_index."""
+    """The header as a dict: strict UTF-8 JSON, no NaN/Infinity, an object, bounded nesting, with a kv_index.
+
+    The nesting is bounded on the text before parsing (so parsing never recurses deep), and the
+    write-back check (no lone surrogate, no 1e400) runs only when the text holds what could make one.
+    """
+    bare = _STRINGS.sub(b'""', raw)  # the JSON text with every string emptied: brackets and numbers only
+    if _nesting(bare) > MAX_JSON_DEPTH:
+        corrupt(what, f"its header nests more than {MAX_JSON_DEPTH} levels deep")
     try:
         header = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         corrupt(what, f"its header is not valid JSON ({type(exc).__name__})")
     if not isinstance(header, dict):
         corrupt(what, f"its header is a JSON {_json_type(header)}, not an object")
-    check_depth(header, what, "header")
-    try:  # what a reader reads, a writer must be able to write back: no lone surrogates, no 1e400 (inf)
-        canonical_json(header)
-    except (ValueError, RecursionError) as exc:
-        corrupt(what, f"its header holds a value JSON cannot write back ({type(exc).__name__})")
+    if _SURROGATE_ESCAPE.search(raw) or _HUGE_NUMBER.search(bare):
+        try:  # what a reader reads, a writer must be able to write back: no lone surrogates, no 1e400 (inf)
+            canonical_json(header)
+        except (ValueError, RecursionError) as exc:
+            corrupt(what, f"its header holds a value JSON cannot write back ({type(exc).__name__})")
     if "kv_index" not in header:
         corrupt(what, "its header has no kv_index")
     return header
+
+
+_STRINGS = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_BRACKETS = re.compile(rb"[\[\]{}]")
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # the only way JSON text can hold a surrogate
+_HUGE_NUMBER = re.compile(rb"[eE][+]?\d{3,}|\d{300,}")  # the only numbers that can parse to inf
+
+
+def _nesting(bare: bytes) -> int:
+    """How deep containers nest in JSON text whose strings were emptied (the top-level object is 1)."""
+    level = deepest = 0
+    for mark in _BRACKETS.findall(bare):
+        level += 1 if mark in (b"[", b"{") else -1
+        deepest = max(deepest, level)
+    return deepest - 1 if deepest else 0
 
 
 def _no_constant(name: str) -> NoReturn:
@@ -139,13 +162,6 @@ def _split_kv(index: Any, body: bytes, offset: int, what: str) -> dict[str, byte
     if remaining:
         corrupt(what, f"it has {remaining} unexpected trailing bytes")
     return kv
-
-
-def check_depth(value: Any, what: str, name: str, limit: int = MAX_JSON_DEPTH) -> None:
-    """Corruption if ``value`` nests deeper than ``limit`` (so re-encoding it can never hit the recursion limit)."""
-    if not too_deep(value, limit):
-        return
-    corrupt(what, f"its {name} nests more than {limit} levels deep")
 
 
 def too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from ..errors import AmbiguousId, InvalidRunId, ObjectNotFound, UsageError
+from ..errors import AmbiguousId, InvalidRunId, ObjectNotFound, RunExists, UsageError
 from ..runs.lifecycle import append_event
 from ..stores.base import ObjectStore, Store
 from . import format as fmt
@@ -219,15 +219,21 @@ class CheckpointLog:
 
     # ---- writing -------------------------------------------------------------------------
     def commit(self, ckpt: bytes, parent: str | None = None, step: int | None = None, *,
-               fork: dict | None = None, parent_run: str | None = None) -> str:
+               fork: dict | None = None, parent_run: str | None = None, usage: list[dict] | None = None) -> str:
         """Store ``ckpt`` (as a delta against ``parent`` where the chain allows); returns its id.
 
         ``ckpt`` is checked in full first (``CheckpointCorruptionError`` for a malformed one),
         so nothing is written for bad input. Committing a checkpoint that already exists is a
-        no-op; records are written last, so a record never points at a missing object.
+        no-op; records are written last, so a record never points at a missing object. ``usage``
+        (``[{"index", "tokens", "latency_s", "tokens_saved"}]`` for the steps computed since
+        ``parent``) goes into the journal event, for per-step figures in Compare and ``diff``.
         """
-        data = decode_checkpoint(ckpt)
-        ckpt = bytes(ckpt)
+        data = decode_checkpoint(ckpt)  # first: anything but a valid checkpoint is refused before a write
+        return self._commit(bytes(ckpt), data, parent, step, fork=fork, parent_run=parent_run, usage=usage)
+
+    def _commit(self, ckpt: bytes, data: fmt.CheckpointData, parent: str | None, step: int | None, *,
+                fork: dict | None = None, parent_run: str | None = None, usage: list[dict] | None = None) -> str:
+        """``commit`` of a checkpoint already decoded and validated (``data`` is ``ckpt`` decoded)."""
         if step is not None and not is_count(step):
             raise UsageError(f"commit() takes step as a whole number >= 0 or None, got {short(step)}")
         if parent_run is not None and not (_is_run_id(parent_run) and _is_id(parent)):
@@ -253,7 +259,7 @@ class CheckpointLog:
                            "kind": record.kind, "depth": depth, "stored_bytes": record.stored_bytes,
                            "checkpoint_bytes": record.checkpoint_bytes, "steps": steps,
                            "steps_done": sum(1 for i in range(steps) if step_id(i) in values),
-                           **({"fork": fork} if fork else {})})
+                           **({"fork": fork} if fork else {}), **({"usage": usage} if usage else {})})
         return cid
 
     def fork(self, checkpoint: str, node_id: str, value: Any, *, new_run_id: str | None = None) -> str:
@@ -266,20 +272,58 @@ class CheckpointLog:
         """
         checkpoint = self.resolve(checkpoint)
         source = self.record(checkpoint)
-        forked = DurableAgent.fork(self.load(checkpoint), node_id, value)
+        data = DurableAgent.fork_data(self.load_data(checkpoint), node_id, value)
+        forked = fmt.encode(data)
+        if new_run_id is not None:
+            self._check_free(new_run_id)
         edit = {"node_id": node_id, "value": value, "source": checkpoint}
         if new_run_id is None:
-            cid = self.commit(forked, parent=checkpoint, step=source.step, fork=edit)
+            cid = self._commit(forked, data, checkpoint, source.step, fork=edit)
             self._journal({"type": "forked", "checkpoint_id": cid, "source": checkpoint, "node_id": node_id})
             return cid
         child = CheckpointLog(self.store or self.objects, new_run_id, max_chain=self.max_chain, prefix=self.prefix)
         child._journal({"type": "forked", "checkpoint_id": checkpoint_id(forked), "source": checkpoint,
                         "parent_run": self.run_id, "node_id": node_id},
                        forked_from={"run_id": self.run_id, "checkpoint_id": checkpoint})
-        cid = child.commit(forked, parent=checkpoint, step=source.step, fork=edit, parent_run=self.run_id)
+        cid = child._commit(forked, data, checkpoint, source.step, fork=edit, parent_run=self.run_id)
         self._journal({"type": "forked", "checkpoint_id": cid, "source": checkpoint, "new_run_id": new_run_id,
                        "node_id": node_id})
         return cid
+
+    def resume(self, checkpoint: str | None = None, *, stop: Any = None, on_progress: Any = None,
+               commit_every: float = 0.25) -> Any:
+        """Run the pending steps of ``checkpoint`` (default: the newest head) and commit them; a ``Progress``.
+
+        Steps run one at a time; a checkpoint is committed after a step once ``commit_every``
+        seconds passed since the last commit (every step, for a real model), at the end, when
+        ``stop`` (a ``threading.Event``) is set, and before an error propagates, so finished steps
+        are never recomputed. ``on_progress(progress)`` is called after every step.
+        """
+        from .runner import resume_log
+
+        return resume_log(self, self.resolve(checkpoint) if checkpoint else self.newest_head(), stop=stop,
+                          on_progress=on_progress, commit_every=commit_every)
+
+    def newest_head(self) -> str:
+        """The checkpoint this run's journal committed last (or the log's only head, on a bare object store)."""
+        if self.store is not None:
+            status = log_status(self.store.events(self.run_id))
+            if status and status["latest"]:
+                return status["latest"]
+        heads = self.heads()
+        if len(heads) != 1:
+            raise UsageError(f"the log of run {self.run_id!r} has {len(heads)} heads; name the checkpoint "
+                             f"(caravanserai lineage {self.run_id} lists them)")
+        return heads[0]
+
+    def _check_free(self, run_id: str) -> None:
+        """RunExists if ``run_id`` has a journal or a log already (a fork never writes into another run)."""
+        from ..ids import validate_run_id
+
+        validate_run_id(run_id)
+        taken = self.store.load(run_id) if self.store is not None else self.objects.list(f"{self.prefix}{run_id}/records/")
+        if taken:
+            raise RunExists(f"run {run_id!r} already exists: fork into a new run id (nothing was written)", run_id=run_id)
 
     # ---- reading -------------------------------------------------------------------------
     def record(self, checkpoint: str, run_id: str | None = None) -> CheckpointRecord:
@@ -301,6 +345,10 @@ class CheckpointLog:
             corrupt(f"the log of run {run!r}", f"{named_by} names checkpoint {cid[:12]}, which has no record",
                     fix="restore the missing record or commit that checkpoint again", checkpoint=cid)
         return CheckpointRecord.parse(raw, cid, run)
+
+    def load_data(self, checkpoint: str) -> fmt.CheckpointData:
+        """The checkpoint decoded (an id or a unique prefix), verified against its id; read it, do not modify it."""
+        return self._load_data(self.resolve(checkpoint))
 
     def load(self, checkpoint: str) -> bytes:
         """The full checkpoint (an id or a unique prefix), rebuilt from its delta chain and verified against its id."""

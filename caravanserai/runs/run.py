@@ -67,7 +67,8 @@ def launch_info() -> dict[str, Any]:
 
 _IDENTITY = frozenset({"agent_id", "definition_sha256", "input", "budget_sha256", "session_id", "conversation_sha256",
                        "cell_source"})
-_INDEXED = frozenset({"run_started", "attempt", "waypoint", "progress", "run_completed", "run_failed", "restarted"})
+_INDEXED = frozenset({"run_started", "attempt", "waypoint", "progress", "run_completed", "run_failed", "restarted",
+                      "forked"})
 
 
 class Run:
@@ -308,6 +309,8 @@ class Run:
         if "names" in event:
             self.saved_names = event["names"]
             self.saved_at = event.get("seq")
+        if etype == "forked" and self.started_event is not None:  # a fork may carry its own identity (its cell)
+            self.started_event = {**self.started_event, **{k: v for k, v in event.items() if k in _IDENTITY}}
         if etype == "restarted":  # a fresh start inside the same run: history stays, state does not
             if self.started_event is not None:
                 self.started_event = {**self.started_event, **{k: v for k, v in event.items() if k in _IDENTITY}}

@@ -229,6 +229,7 @@ class RunView:
     imported_from: str | None = None
     command: tuple[str, ...] | None = None
     cwd: str | None = None
+    commit_seqs: tuple[int, ...] = ()  # journal seqs of the DurableAgent checkpoint commits
     _events: Sequence[dict] = field(default=(), repr=False)
     _states: Mapping[int, int] = field(default_factory=dict, repr=False)
 
@@ -386,6 +387,7 @@ class _Pass:
         self.loops: dict[int, dict] = {}
         self.forks: list[ForkView] = []
         self.committed = 0
+        self.commit_seqs: list[int] = []
         self.newest_commit: dict | None = None
         self.commit_steps: int | None = None
         self.completed: dict | None = None  # first run_completed since the last restart
@@ -519,6 +521,7 @@ class _Pass:
     # ---- checkpoints and forks ----------------------------------------------------------------
     def on_checkpoint(self, index: int, event: dict) -> None:
         self.committed += 1
+        self.commit_seqs.append(index)
         self.newest_commit = event
         if _is_count(event.get("steps")):
             self.commit_steps = event["steps"]
@@ -557,7 +560,7 @@ class _Pass:
             result=None if self.completed is None else self.completed.get("result"),
             agent_id=started.get("agent_id"), imported_from=started.get("imported_from"),
             command=tuple(map(str, command)) if isinstance(command, list) else None, cwd=started.get("cwd"),
-            _events=events, _states=dict(self.states),
+            commit_seqs=tuple(self.commit_seqs), _events=events, _states=dict(self.states),
         )
 
     def status(self, started: dict, checkpoints: CheckpointsView | None) -> str:

@@ -163,7 +163,7 @@ class Shell {
   }
 
   drawHeader() {
-    this.headerEl.replaceChildren(...this.header(this.model));
+    this.headerEl.replaceChildren(...this.header(this.model).filter(Boolean));
     const error = this.model.get("error");
     this.errorEl.textContent = error || "";
     this.errorEl.style.display = error ? "block" : "none";
@@ -200,6 +200,7 @@ const ENDINGS = {
   killed: "killed (no end recorded: a crash, kill -9 or kernel restart)",
   open: "running, or killed and not resumed yet",
   imported: "imported from caravanserai 0.2.0",
+  log: "— (a DurableAgent checkpoint log: each commit below is durable)",
 };
 
 function timelineHeader(model) {
@@ -213,6 +214,7 @@ function timelineHeader(model) {
     s.calls ? h("span", { class: "cvs-stat", text: `${fmtUsd(s.usd, true)}${s.unpriced ? " + unpriced" : ""} (inferred)` }) : null,
   ];
   if (s.replayed) parts.push(h("span", { class: "cvs-stat", text: `${fmtInt(s.replayed)} replayed free` }));
+  if (s.steps) parts.push(h("span", { class: "cvs-stat", text: `${fmtInt(s.steps_done ?? 0)}/${fmtInt(s.steps)} agent steps done` }));
   if (s.parent) parts.push(h("span", { class: "cvs-stat", text: `forked from ${s.parent}` }));
   if (model.get("live")) parts.push(badge("live", "live"));
   return parts;
@@ -253,6 +255,13 @@ function timelineRow(row, index) {
         row.kind_of === "tool" ? null : h("span", { class: "cvs-num", text: fmtUsd(row.usd, row.priced) }),
         state);
     }
+    case "commit":
+      return h("div", { class: `cvs-row cvs-commit${row.fork ? " cvs-fork-commit" : ""}` },
+        h("span", { class: "cvs-icon", text: row.fork ? "↳" : "■" }),
+        h("span", { class: "cvs-label", text: row.fork ? `fork at step ${row.fork_step}` : row.step ? `step ${row.step} committed` : "checkpoint" }), when,
+        h("span", { class: "cvs-text", text: `checkpoint ${row.checkpoint} · ${fmtInt(row.steps_done)}/${fmtInt(row.steps)} steps done${row.fork ? ` · ${row.fork}` : ""}${row.computed ? ` · ${fmtInt(row.computed)} computed here` : ""}` }),
+        row.tokens !== null && row.tokens !== undefined ? h("span", { class: "cvs-num", text: `${fmtInt(row.tokens)} tok` }) : null,
+        row.fork ? badge("fork", "state") : null);
     default:
       return h("div", { class: `cvs-row cvs-event cvs-${row.kind}` },
         h("span", { class: "cvs-icon", text: row.kind === "completed" ? "✔" : row.kind === "failed" ? "✖" : "·" }),
@@ -366,6 +375,289 @@ function mountRuns(model, el) {
   return wire(model, shell, (detail) => [h("div", { class: "cvs-block-title", text: detail.title || "" })]);
 }
 
+// ---- Compare ------------------------------------------------------------------------------------
+function diffSpans(ops) {
+  return (ops || []).map(([op, text]) => (op === "=" ? document.createTextNode(text)
+    : h(op === "+" ? "ins" : "del", { class: op === "+" ? "cvs-ins" : "cvs-del", text })));
+}
+
+function fmtDelta(value, kind) {
+  if (value === null || value === undefined) return "";
+  const size = Math.abs(value);
+  if (size === 0 || (kind === "s" && size < 0.0005)) return ""; // under what fmtDuration shows
+  const sign = value > 0 ? "+" : "−";
+  if (kind === "tokens") return `${sign}${fmtInt(size)} tok`;
+  if (kind === "usd") return `${sign}$${size.toFixed(size >= 0.01 ? 4 : 6)}`;
+  return `${sign}${fmtDuration(size)}`;
+}
+
+function figures(cell) {
+  const parts = [];
+  if (cell.tokens !== null && cell.tokens !== undefined) parts.push(`${fmtInt(cell.tokens)} tok`);
+  if (cell.latency_s !== null && cell.latency_s !== undefined) parts.push(fmtDuration(cell.latency_s));
+  if (cell.usd !== null && cell.usd !== undefined && cell.usd !== 0) parts.push(fmtUsd(cell.usd, true));
+  const deltas = [fmtDelta(cell.d_tokens, "tokens"), fmtDelta(cell.d_latency_s, "s"), fmtDelta(cell.d_usd, "usd")].filter(Boolean);
+  return [parts.join(" · "), deltas.join(" ")];
+}
+
+function compareHeader(model) {
+  const s = model.get("summary") || {};
+  const runs = s.runs || [];
+  const parts = [h("span", { class: "cvs-title", text: runs.join(" vs ") }),
+    h("span", { class: "cvs-stat", text: `${fmtInt(s.steps ?? 0)} step(s)` }),
+    h("span", { class: "cvs-stat", text: `shared prefix ${fmtInt(s.shared_prefix ?? 0)}` }),
+    s.first_divergence ? badge(`first divergence: step ${s.first_divergence}`, "divergence") : badge("no divergence", "completed"),
+    h("span", { class: "cvs-stat", text: `${fmtInt(s.different ?? 0)} differ` })];
+  for (const total of (s.totals || []).slice(1)) {
+    const deltas = [fmtDelta(total.d_tokens, "tokens"), fmtDelta(total.d_latency_s, "s"), fmtDelta(total.d_usd, "usd")].filter(Boolean);
+    if (deltas.length) parts.push(h("span", { class: "cvs-stat", text: `${total.run}: ${deltas.join(", ")} vs ${runs[0]}` }));
+  }
+  if (model.get("live")) parts.push(badge("live", "live"));
+  return parts;
+}
+
+function compareRow(row) {
+  if (row.kind === "shared") {
+    return h("div", { class: "cvs-row cvs-shared" }, h("span", { class: "cvs-icon", text: "≡" }),
+      h("span", { class: "cvs-text", text: `steps ${row.first}–${row.last} are identical in every timeline · folded (click to unfold)` }));
+  }
+  const cells = row.cells.map((cell) => {
+    if (cell.missing) return h("span", { class: "cvs-cmp-cell cvs-missing", text: "— no such step —" });
+    const [figs, deltas] = figures(cell);
+    return h("span", { class: "cvs-cmp-cell" },
+      cell.prompt_changed ? badge("prompt edited", "state") : null,
+      h("span", { class: "cvs-cmp-text" }, ...diffSpans(cell.text)),
+      h("span", { class: "cvs-cmp-fig", text: figs }), deltas ? h("span", { class: "cvs-cmp-delta", text: deltas }) : null);
+  });
+  return h("div", { class: `cvs-row cvs-cmp ${row.same ? "cvs-same" : "cvs-diff"}${row.first ? " cvs-divergence" : ""}` },
+    h("span", { class: "cvs-cmp-step", text: `${row.first ? "▶ " : ""}${row.step}` }), ...cells);
+}
+
+function compareDetail(detail) {
+  const parts = [h("div", { class: "cvs-block-title", text: detail.title || "" })];
+  if (detail.columns) {
+    parts.push(h("div", { class: "cvs-cmp-detail" }, ...detail.columns.map((col) => {
+      if (col.missing) return h("div", { class: "cvs-cmp-col" }, h("div", { class: "cvs-block-title", text: col.run }), "no such step");
+      const [figs, deltas] = figures(col);
+      const blocks = ["prompt", "note", "output"].filter((name) => col[name]).map((name) =>
+        h("div", { class: "cvs-block" }, h("div", { class: "cvs-block-title", text: name }), h("div", { class: "cvs-diff-text" }, ...diffSpans(col[name]))));
+      return h("div", { class: "cvs-cmp-col" }, h("div", { class: "cvs-block-title", text: col.run }),
+        h("div", { class: "cvs-stat", text: [figs, deltas].filter(Boolean).join(" · ") }), ...blocks);
+    })));
+  }
+  return parts;
+}
+
+function mountCompare(model, el) {
+  const runs = () => ((model.get("summary") || {}).runs || []);
+  const shell = new Shell(model, el, {
+    header: compareHeader,
+    renderRow: compareRow,
+    columns: (bar) => {
+      const draw = () => bar.replaceChildren(h("span", { class: "cvs-cmp-step", text: "step" }),
+        ...runs().map((run, i) => h("span", { class: "cvs-cmp-cell", text: i === 0 ? `${run} (baseline)` : run })));
+      draw();
+      model.on("change:summary", draw);
+    },
+    toolbar: (bar) => {
+      const check = (name, label) => {
+        const box = h("label", { class: "cvs-check" }, h("input", { type: "checkbox", onchange: (e) => { model.set(name, e.target.checked); model.save_changes(); } }), ` ${label}`);
+        box.querySelector("input").checked = model.get(name);
+        model.on(`change:${name}`, () => { box.querySelector("input").checked = model.get(name); });
+        return box;
+      };
+      bar.append(check("only_diff", "differences only"), check("fold", "fold shared steps"),
+        h("button", { class: "cvs-button cvs-jump", text: "⇢ first divergence", onclick: () => jump() }));
+    },
+  });
+  shell.onClick = (index, row) => {
+    if (row.kind === "shared") { model.set("fold", false); model.save_changes(); return; }
+    model.set("cursor", index);
+    model.save_changes();
+    shell.draw();
+  };
+  const jump = () => {
+    const at = model.get("jump");
+    if (at < 0) return;
+    shell.scroller.scrollTop = Math.max(0, (at - 1) * ROW);
+    model.set("cursor", at);
+    model.save_changes();
+    shell.draw();
+    shell.root.dataset.jumped = String(at);
+  };
+  const unwire = wire(model, shell, compareDetail);
+  model.on("change:jump", jump);
+  requestAnimationFrame(() => requestAnimationFrame(jump));
+  return () => { unwire(); model.off("change:jump", jump); };
+}
+
+// ---- Lineage --------------------------------------------------------------------------------------
+const SVG = "http://www.w3.org/2000/svg";
+const TREE_ROW = 30;
+const TREE_INDENT = 26;
+
+function s(tag, attrs = {}, ...children) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === "text") node.textContent = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, String(value));
+  }
+  node.append(...children.flat().filter(Boolean));
+  return node;
+}
+
+function mountLineage(model, el) {
+  const root = h("div", { class: "cvs-panel cvs-lineage" });
+  const header = h("div", { class: "cvs-header" });
+  const error = h("div", { class: "cvs-error", role: "alert" });
+  const toolbar = h("div", { class: "cvs-toolbar" });
+  const canvas = h("div", { class: "cvs-tree" });
+  const detail = h("div", { class: "cvs-detail" });
+  root.append(header, error, toolbar, canvas, detail);
+  el.append(root);
+  const compareButton = h("button", { class: "cvs-button cvs-compare", text: "Compare picked",
+    onclick: () => model.send({ action: "compare", ids: model.get("picked") || [] }) });
+  const hint = h("span", { class: "cvs-stat", text: "click a timeline to open it · tick two or more to compare them" });
+  toolbar.append(compareButton, hint);
+
+  const togglePick = (id) => {
+    const picked = [...(model.get("picked") || [])];
+    const at = picked.indexOf(id);
+    if (at >= 0) picked.splice(at, 1); else picked.push(id);
+    model.set("picked", picked);
+    model.save_changes();
+    draw();
+  };
+  const open = (row) => {
+    model.set("cursor", row.row);
+    model.save_changes();
+    model.send({ action: "open", id: row.id });
+    draw();
+  };
+  const draw = () => {
+    const s0 = model.get("summary") || {};
+    header.replaceChildren(...[h("span", { class: "cvs-title", text: `lineage of ${s0.root || ""}` }),
+      h("span", { class: "cvs-stat", text: `${fmtInt(s0.timelines ?? 0)} timeline(s), ${fmtInt(s0.forks ?? 0)} fork(s)` }),
+      model.get("live") ? badge("live", "live") : null].filter(Boolean));
+    const message = model.get("error");
+    error.textContent = message || "";
+    error.style.display = message ? "block" : "none";
+    const total = model.get("total") || 0;
+    const rows = model.get("rows") || [];
+    if (rows.length < total && model.get("view_count") < total) {
+      model.set("view_start", 0);
+      model.set("view_count", total);
+      model.save_changes();
+    }
+    const picked = new Set(model.get("picked") || []);
+    compareButton.disabled = picked.size < 2;
+    compareButton.textContent = `Compare picked (${picked.size})`;
+    const at = new Map(rows.map((row) => [row.id, row]));
+    const x = (row) => 30 + row.depth * TREE_INDENT;
+    const y = (row) => 15 + row.row * TREE_ROW;
+    const edges = rows.filter((row) => row.parent && at.has(row.parent)).map((row) => {
+      const parent = at.get(row.parent);
+      return s("path", { class: "cvs-edge", d: `M${x(parent)},${y(parent)} V${y(row)} H${x(row)}` });
+    });
+    const selected = model.get("cursor");
+    const nodes = rows.map((row) => {
+      const where = row.point ? ` · from ${row.parent} at ${row.point_kind} ${row.point}` : "";
+      const progress = row.steps ? ` · ${fmtInt(row.steps_done)}/${fmtInt(row.steps)} steps` : row.steps_done ? ` · ${fmtInt(row.steps_done)} waypoint(s)` : "";
+      return s("g", { class: `cvs-node cvs-node-${row.status}${row.row === selected ? " cvs-node-selected" : ""}${picked.has(row.id) ? " cvs-node-picked" : ""}`, "data-id": row.id },
+        s("rect", { class: "cvs-pick", x: 6, y: y(row) - 6, width: 12, height: 12, rx: 2, onclick: () => togglePick(row.id) }),
+        picked.has(row.id) ? s("path", { class: "cvs-pick-mark", d: `M8,${y(row)} l3,3 l5,-6`, onclick: () => togglePick(row.id) }) : null,
+        s("circle", { cx: x(row), cy: y(row), r: row.kind === "branch" ? 5 : 7, onclick: () => open(row) }),
+        s("text", { x: x(row) + 14, y: y(row) + 4, onclick: () => open(row) },
+          s("tspan", { class: "cvs-node-id", text: row.id }),
+          s("tspan", { class: "cvs-node-meta", text: ` · ${row.status}${progress}${where}` }),
+          row.edit ? s("tspan", { class: "cvs-node-edit", text: ` · ${row.edit}` }) : null));
+    });
+    const width = Math.max(400, ...rows.map((row) => x(row) + 14 + 7 * (row.id.length + (row.edit || "").length + 60)));
+    canvas.replaceChildren(s("svg", { class: "cvs-svg", width, height: Math.max(1, rows.length) * TREE_ROW + 4, role: "img",
+      "aria-label": "fork tree" }, ...edges, ...nodes));
+    const d = model.get("detail") || {};
+    detail.replaceChildren(...(d.title ? [h("div", { class: "cvs-block-title", text: d.title })] : []));
+    detail.style.display = d.title ? "block" : "none";
+    root.dataset.total = String(total);
+  };
+  const events = ["change:rows", "change:total", "change:summary", "change:error", "change:picked", "change:detail", "change:cursor", "change:live"];
+  for (const event of events) model.on(event, draw);
+  draw();
+  requestAnimationFrame(() => { root.dataset.painted = "1"; });
+  return () => { for (const event of events) model.off(event, draw); };
+}
+
+// ---- ForkPanel ------------------------------------------------------------------------------------
+function forkRow(row) {
+  if (row.kind === "waypoint") {
+    const note = h("span", { class: "cvs-text cvs-md" });
+    note.innerHTML = markdown(row.note || "");
+    return h("div", { class: "cvs-row cvs-fork-row" }, h("span", { class: "cvs-icon", text: "◆" }),
+      h("span", { class: "cvs-label", text: `waypoint ${row.step}` }), note, h("span", { class: "cvs-text cvs-fg2", text: row.state }));
+  }
+  return h("div", { class: `cvs-row cvs-fork-row${row.done ? "" : " cvs-not-done"}` }, h("span", { class: "cvs-icon", text: row.done ? "●" : "○" }),
+    h("span", { class: "cvs-label", text: `step ${row.step}` }),
+    h("span", { class: "cvs-text cvs-prompt", text: row.prompt }),
+    h("span", { class: "cvs-text cvs-output", text: row.done ? `→ ${row.output}` : "→ (not run yet)" }),
+    h("span", { class: "cvs-num", text: row.tokens !== null && row.tokens !== undefined ? `${fmtInt(row.tokens)} tok` : "" }));
+}
+
+function jobView(model, job) {
+  if (!job || !job.state) return [h("span", { class: "cvs-stat", text: "pick a step, edit it, click Fork" })];
+  if (job.state === "created") {
+    return [badge("forked", "completed"), h("span", { class: "cvs-text", text: `${job.run} starts at waypoint ${job.step} of ${job.parent} · ${job.hint}` }),
+      h("button", { class: "cvs-button", text: "timeline", onclick: () => model.send({ action: "open" }) }),
+      h("button", { class: "cvs-button", text: "compare with parent", onclick: () => model.send({ action: "compare" }) })];
+  }
+  const total = job.steps || 0;
+  const done = job.steps_done || 0;
+  const states = { running: "pending", done: "completed", stopped: "pending", failed: "failed" };
+  return [badge(job.state, states[job.state] || job.state),
+    h("span", { class: "cvs-text cvs-job-text", text: `${job.run}: forked at step ${job.step} (head ${job.head || "…"}) · ${fmtInt(done)}/${total ? fmtInt(total) : "?"} steps · reused ${fmtInt(job.reused)} step(s), ${fmtInt(job.tokens_saved)} tokens saved · computed ${fmtInt(job.computed)}${job.error ? ` · ${job.error}` : ""}` }),
+    h("span", { class: "cvs-bar" }, h("span", { class: "cvs-bar-fill", style: `width:${total ? Math.round((100 * done) / total) : 0}%` })),
+    job.state === "running" ? h("button", { class: "cvs-button cvs-stop", text: "■ Stop", onclick: () => model.send({ action: "stop" }) }) : null,
+    h("button", { class: "cvs-button", text: "timeline", onclick: () => model.send({ action: "open" }) }),
+    h("button", { class: "cvs-button cvs-open-compare", text: "compare with parent", onclick: () => model.send({ action: "compare" }) })];
+}
+
+function forkDetail(model) {
+  return (detail) => {
+    if (!detail.edit) return [h("div", { class: "cvs-block-title", text: detail.title || "" })];
+    const editor = h("textarea", { class: "cvs-input cvs-edit", rows: detail.edit === "state" ? 6 : 3, spellcheck: "false" });
+    editor.value = detail.editable;
+    const newId = h("input", { class: "cvs-input cvs-new-id", type: "text", placeholder: "new run id (optional)" });
+    const fork = h("button", { class: "cvs-button cvs-fork", text: "Fork",
+      onclick: () => model.send({ action: "fork", step: detail.step, text: editor.value, new_run_id: newId.value }) });
+    const parts = [h("div", { class: "cvs-block-title", text: detail.title }),
+      h("div", { class: "cvs-block-title", text: detail.edit === "state" ? "state (JSON)" : "prompt" }), editor,
+      h("div", { class: "cvs-toolbar" }, fork, newId)];
+    if (detail.output !== undefined) parts.push(pre("output", detail.output || "(not run yet)"));
+    if (detail.note) parts.push(pre("note", detail.note));
+    return parts;
+  };
+}
+
+function mountFork(model, el) {
+  let jobBar = null;
+  const shell = new Shell(model, el, {
+    header: (m) => {
+      const s0 = m.get("summary") || {};
+      return [h("span", { class: "cvs-title", text: `fork ${s0.run_id || ""}` }),
+        h("span", { class: "cvs-stat", text: s0.agent ? `${fmtInt(s0.steps)} step(s), ${fmtInt(s0.steps_done)} done · head ${(s0.head || "").slice(0, 12)}` : `${fmtInt(s0.steps)} waypoint(s)` }),
+        m.get("live") ? badge("live", "live") : null];
+    },
+    renderRow: forkRow,
+    toolbar: (bar) => { jobBar = bar; },
+  });
+  const drawJob = () => { jobBar.classList.add("cvs-job"); jobBar.replaceChildren(...jobView(model, model.get("job") || {}).filter(Boolean)); };
+  drawJob();
+  model.on("change:job", drawJob);
+  const unwire = wire(model, shell, forkDetail(model));
+  return () => { unwire(); model.off("change:job", drawJob); };
+}
+
 // ---- wiring a panel to its model -----------------------------------------------------------------
 function wire(model, shell, renderDetail) {
   const redraw = () => { shell.pending = null; shell.draw(); };
@@ -392,7 +684,7 @@ function wire(model, shell, renderDetail) {
   return () => { for (const [event, fn] of handlers) model.off(event, fn); };
 }
 
-const PANELS = { timeline: mountTimeline, journal: mountJournal, runs: mountRuns };
+const PANELS = { timeline: mountTimeline, journal: mountJournal, runs: mountRuns, compare: mountCompare, lineage: mountLineage, fork: mountFork };
 
 export default {
   render({ model, el }) {

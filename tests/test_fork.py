@@ -1,0 +1,168 @@
+"""``caravanserai.fork(run_id, at=N)``: any run continued from one of its waypoints under a new id.
+
+The child resumes at N + 1 with the state of waypoint N; the calls the parent had already settled
+for step N + 1 replay from the journal (nothing sent, nothing paid); the parent's journal is
+byte-identical before and after; a fork of a fork works; bad input writes nothing. The CLI form
+and ``%%resumable NEW --from RUN@N`` (in-process shell here; a real kernel in test_kernels) too.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import caravanserai
+from caravanserai import NoSuchWaypoint, RunExists, SerializationError, durable, fork, inspect_run
+from caravanserai.cli import main
+from caravanserai.runs import read_events
+from caravanserai.testing import ScriptedModel
+
+
+def work(run_id: str, model: ScriptedModel, upto: int = 5) -> list[str]:
+    """A durable loop: one model call per step, then a waypoint with the answers so far."""
+    with durable(run_id) as run:
+        state = run.state or {"step": 0, "answers": []}
+        for step in range(state["step"], upto):
+            reply = run.call_model(model, [{"role": "user", "content": f"question {step}"}])
+            state = {"step": step + 1, "answers": [*state["answers"], reply.text]}
+            run.checkpoint(state, f"answered question {step}")
+    return state["answers"]
+
+
+def journal(project: Path, run_id: str) -> bytes:
+    return (project / ".caravanserai" / run_id / "journal.jsonl").read_bytes()
+
+
+@pytest.fixture
+def parent(project: Path) -> bytes:
+    """A finished run of 5 steps; then its journal as it stands (the fork must not change it)."""
+    work("parent", ScriptedModel([f"answer {i}" for i in range(5)]))
+    caravanserai.runs.close_all()
+    return journal(project, "parent")
+
+
+def test_a_fork_resumes_after_its_waypoint_and_replays_settled_calls_for_free(project, parent):
+    child = fork("parent", at=3)
+    assert child == "parent-fork-3"
+    assert journal(project, "parent") == parent  # the parent is never modified
+    fresh = ScriptedModel(["new answer 4"])
+    answers = work(child, fresh)
+    assert answers == ["answer 0", "answer 1", "answer 2", "answer 3", "new answer 4"]
+    assert [m[-1]["content"] for m in fresh.requests] == ["question 4"]  # step 4's call replayed from the journal
+    view = inspect_run(child)
+    assert view.parent is not None and view.parent.run_id == "parent" and [w.n for w in view.waypoints] == [1, 2, 3, 4, 5]
+    replayed = [c for c in view.calls if c.replayed]
+    assert [c.call_id for c in replayed] == ["run#4"] and replayed[0].replayed_in == (2,)
+    assert len([c for c in view.calls if c.paid and c.attempt == 2]) == 1  # only question 4 was paid by the child
+    assert journal(project, "parent") == parent
+
+
+def test_a_fork_with_an_edited_state_and_a_fork_of_a_fork(project, parent):
+    child = fork("parent", at=2, new_run_id="what-if", state={"step": 2, "answers": ["A", "B"]})
+    answers = work(child, ScriptedModel(["c", "d", "e"]))
+    assert answers == ["A", "B", "answer 2", "c", "d"]  # question 2's settled call replays; the rest are new
+    grandchild = fork("what-if", at=4)
+    origin = read_events(grandchild)[0]["forked_from"]
+    assert origin["run_id"] == "what-if" and origin["waypoint"] == 4
+    assert work(grandchild, ScriptedModel(["z"])) == ["A", "B", "answer 2", "c", "d"]  # step 5's call replays
+    notes = [w.note for w in inspect_run("what-if").waypoints]
+    assert notes[1].endswith("(state edited in this fork)")
+    assert journal(project, "parent") == parent
+
+
+@pytest.mark.parametrize("call,error", [
+    (lambda: fork("parent", at=9), NoSuchWaypoint),
+    (lambda: fork("parent", at=2, new_run_id="parent"), RunExists),
+    (lambda: fork("parent", at=2, new_run_id="bad id!"), caravanserai.InvalidRunId),
+    (lambda: fork("parent", at=2, state={"when": {1, 2}}), SerializationError),
+    (lambda: fork("nobody", at=1), caravanserai.RunNotFound),
+])
+def test_bad_forks_write_nothing(project, parent, call, error):
+    before = sorted(p.name for p in (project / ".caravanserai").iterdir())
+    with pytest.raises(error) as info:
+        call()
+    assert "\n" not in str(info.value)
+    assert sorted(p.name for p in (project / ".caravanserai").iterdir()) == before
+    assert journal(project, "parent") == parent
+
+
+def test_the_cli_forks_a_run_at_a_waypoint(project, parent, capsys):
+    assert main(["fork", "parent", "--at", "2", "--as", "cli-fork", "--state", '{"step": 2, "answers": ["x", "y"]}']) == 0
+    assert capsys.readouterr().out.strip() == "cli-fork"
+    assert caravanserai.load_latest("cli-fork")[0] == {"step": 2, "answers": ["x", "y"]}
+    assert main(["fork", "parent", "--at", "7"]) == 1
+    assert "no waypoint 7" in capsys.readouterr().err
+    assert main(["fork", "parent", "--at", "2", "abc", "prompt-0", "x"]) == 2
+    assert journal(project, "parent") == parent
+
+
+def test_resumable_from_another_runs_waypoint(project):
+    from IPython.testing.globalipapp import get_ipython
+    from IPython.utils.capture import capture_output
+
+    ip = get_ipython()
+    ip.run_line_magic("load_ext", "caravanserai")
+    try:
+        loop = ("%%resumable {head}\nfrom caravanserai import resumable_iterate\ntotal = 0\n"
+                "for i in resumable_iterate(range(6)):\n    total += i * {k}\ntotal\n")
+        with capture_output():
+            first = ip.run_cell(loop.format(head="squares", k=1))
+        assert first.success and first.result == 15
+        with capture_output():
+            branched = ip.run_cell(loop.format(head="tens --from squares@3", k=10))
+        assert branched.success, branched.error_in_exec
+        assert branched.result == (0 + 1 + 2) + 10 * (3 + 4 + 5)  # items 0-2 from squares, the rest as tens
+        view = inspect_run("tens")
+        assert view.parent is not None and view.parent.run_id == "squares" and view.status == "completed"
+        with capture_output():
+            again = ip.run_cell(loop.format(head="tens --from squares@3", k=10))
+        assert again.success and again.result is not None and "123" in repr(again.result)  # re-shown, not re-forked
+        assert json.loads(json.dumps(view.summary))["status"] == "completed"
+    finally:
+        ip.run_line_magic("unload_ext", "caravanserai")
+
+
+# ---- %%resumable NEW --from RUN@N in a REAL kernel, with real model calls ------------------------
+KERNEL_SETUP = """\
+import json
+import openai
+import caravanserai
+from caravanserai import resumable_iterate
+client = caravanserai.durable_client(openai.OpenAI(base_url={base!r}, api_key="x", max_retries=0))
+MODEL, TOPICS = {model!r}, ["rivers", "mountains", "deserts", "forests"]
+"""
+
+KERNEL_LOOP = """\
+%%resumable {head}
+answers = []
+for x in resumable_iterate(range(len(TOPICS))):
+    reply = client.chat.completions.create(model=MODEL, temperature=0, max_tokens=4,
+        messages=[{{"role": "user", "content": f"Name one fact about {{TOPICS[x]}}."}}])
+    answers.append({shape})
+print(json.dumps(answers))
+"""
+
+
+def test_resumable_from_in_a_real_kernel(tmp_path, kernel, model_server, proxy):
+    """The child restores the parent's values at waypoint 2, replays the call the parent had settled for
+    item 2 from the journal, and pays only for item 3; the parent's journal does not change."""
+    from kernel_helpers import events, topic_of
+
+    k = kernel()
+    k.ok("%load_ext caravanserai")
+    k.ok(KERNEL_SETUP.format(base=proxy.url + "/v1", model=model_server.model))
+    base = json.loads(k.ok(KERNEL_LOOP.format(head="base", shape="reply.choices[0].message.content")).stdout)
+    assert [topic_of(b) for b in proxy.posts("/chat/completions")] == ["rivers", "mountains", "deserts", "forests"]
+    parent_journal = (tmp_path / ".caravanserai" / "base" / "journal.jsonl").read_bytes()
+
+    child = json.loads(k.ok(KERNEL_LOOP.format(head="upper --from base@2",
+                                               shape="reply.choices[0].message.content.upper()")).stdout)
+    assert child[:2] == base[:2]  # items 0-1: the parent's values at waypoint 2, not recomputed
+    assert child[2:] == [text.upper() for text in base[2:]]  # the same model answers (temperature 0)
+    posts = [topic_of(b) for b in proxy.posts("/chat/completions")]
+    assert posts == ["rivers", "mountains", "deserts", "forests", "forests"]  # item 2 replayed free; item 3 paid
+    started = events(tmp_path, "upper")[0]
+    assert started["forked_from"]["run_id"] == "base" and started["forked_from"]["waypoint"] == 2
+    assert (tmp_path / ".caravanserai" / "base" / "journal.jsonl").read_bytes() == parent_journal
