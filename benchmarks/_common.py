@@ -199,6 +199,23 @@ def run_result_worker(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout
     return result
 
 
+def worker_parser(modes: Iterable[str]) -> argparse.ArgumentParser:
+    """The options every store worker takes (a mode, or ``serve``; sizes; where; which store and run);
+    each worker adds its own."""
+    p = argparse.ArgumentParser()
+    p.add_argument("mode", choices=[*modes, "serve"])
+    p.add_argument("--n", type=int, default=1000)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--dir", default=".")
+    p.add_argument("--url", default="")
+    p.add_argument("--dsn", default="")
+    p.add_argument("--repo", default="")
+    p.add_argument("--backing", default="", help="serve: the store behind the journal service")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--token", default="")
+    return p
+
+
 def emit_result(result: dict) -> None:
     """A worker's answer: one ``RESULT {json}`` line on stdout."""
     sys.stdout.write("RESULT " + json.dumps(result) + "\n")

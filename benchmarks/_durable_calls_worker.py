@@ -6,8 +6,9 @@ Scenarios (the same shape for every implementation):
 
 - ``floor``: write + fdatasync of a 100 B record appended to a file (implementation ``floor``).
 - ``overhead``: one run / entrypoint / workflow of ``--n`` journaled calls of a trivial function
-  that returns ~80 B, after an untimed warm-up run of 20 calls; the process first measures the
-  fsync floor (50 samples) on the same disk, reported as ``floor_here_us``.
+  that returns ~80 B, after an untimed warm-up run of 20 calls; the process measures the fsync
+  floor (50 samples) on the same disk just before and just after the run, reported as
+  ``floor_before_us``, ``floor_after_us`` and ``floor_here_us`` (the median of all 100).
 - ``resume_write``: one run of ``--big`` journaled calls, then ``os._exit(137)`` before it ends.
 - ``resume``: a fresh process finishes that killed run; it counts the calls it re-executed.
 - ``rerun_setup`` / ``rerun``: finish a small run (model call, tool call, model call), then, in a
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -120,13 +122,19 @@ def ours_overhead(args: argparse.Namespace) -> dict:
     EXECUTED["n"] = 0
     FSYNC.reset()
     with Usage() as usage:
+        t0 = time.perf_counter()
         with caravanserai.durable(f"ovh-{args.round}", store=store) as run:
-            t1 = time.perf_counter()
+            t1, ru1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
             for i in range(args.n):
                 run.call_tool(step, {"i": i}, name="step", effect="read")
-            loop_s = time.perf_counter() - t1
+            loop_s, ru2 = time.perf_counter() - t1, resource.getrusage(resource.RUSAGE_SELF)
+        t3 = time.perf_counter()
     assert EXECUTED["n"] == args.n, EXECUTED
-    return overhead_result(args.n, usage, loop_s, fsyncs=FSYNC.calls, fsyncs_per_call=FSYNC.calls / args.n)
+    # The run's open and its end (complete, release, the run index) once per run, apart from the loop's calls.
+    return overhead_result(args.n, usage, loop_s, fsyncs=FSYNC.calls, fsyncs_per_call=FSYNC.calls / args.n,
+                           fsync_wait_s=FSYNC.seconds,
+                           open_s=t1 - t0, close_s=t3 - t1 - loop_s, loop_user_s=ru2.ru_utime - ru1.ru_utime,
+                           loop_sys_s=ru2.ru_stime - ru1.ru_stime)
 
 
 def ours_resume_write(args: argparse.Namespace) -> None:
@@ -445,9 +453,9 @@ def main() -> None:
     imports, scenarios = IMPLS[args.impl]
     info = imports(args)
     import_s = time.perf_counter() - T_PROCESS
-    local_floor = None
-    if args.scenario == "overhead":  # the disk's fsync latency right now, in this process
-        local_floor = describe(fsync_floor(args.dir, 50))["median_us"]
+    floor_before = None
+    if args.scenario == "overhead":  # the disk's fsync latency in this process, just before the run (and after it)
+        floor_before = fsync_floor(args.dir, 50)
     profiler = None
     if args.profile:
         import cProfile
@@ -459,8 +467,11 @@ def main() -> None:
         profiler.disable()
         with open(args.profile, "w", encoding="utf-8") as out:
             out.write(profile_text(profiler, [("tottime", 30), ("cumulative", 30)]))
-    if local_floor is not None:
-        result["floor_here_us"] = local_floor
+    if floor_before is not None:  # this disk switches between ~0.15 and ~4 ms fdatasyncs: bracket the run
+        floor_after = fsync_floor(args.dir, 50)
+        result["floor_before_us"] = describe(floor_before)["median_us"]
+        result["floor_after_us"] = describe(floor_after)["median_us"]
+        result["floor_here_us"] = describe(floor_before + floor_after)["median_us"]
     emit_result({"impl": args.impl, "scenario": args.scenario, "import_s": import_s, "info": info, **result})
     sys.stdout.flush()
     sys.stderr.flush()

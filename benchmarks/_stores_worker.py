@@ -54,6 +54,7 @@ from _common import (  # noqa: E402
     timed,
     to_us,
     which_caravanserai,
+    worker_parser,
 )
 
 RECORD = (b"x" * 151) + b"\n"  # ours' journal line for {"i": i} with note "note" is ~151 B + "\n"
@@ -542,20 +543,10 @@ MODES = {"floor_fsync": floor_fsync, "floor_sqlite": floor_sqlite, "floor_pg": f
 
 
 def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("mode", choices=[*MODES, "serve"])
-    p.add_argument("--n", type=int, default=1000)
-    p.add_argument("--warmup", type=int, default=20)
-    p.add_argument("--dir", default=".")
-    p.add_argument("--url", default="")
-    p.add_argument("--dsn", default="")
+    p = worker_parser(MODES)
     p.add_argument("--tag", default="0")
     p.add_argument("--run-id", default="bench")
-    p.add_argument("--repo", default="")
     p.add_argument("--profile", default="")
-    p.add_argument("--backing", default="")
-    p.add_argument("--port", type=int, default=0)
-    p.add_argument("--token", default="")
     p.add_argument("--stats", default="", help="serve: write the service's own timings here when it stops")
     p.add_argument("--paired", action="store_true", help="ours: also run the floor op next to each checkpoint")
     a = p.parse_args()

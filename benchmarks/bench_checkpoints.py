@@ -18,7 +18,7 @@ next to the repo (the real disk, not tmpfs; ``--dir`` moves it), deleted afterwa
    ``"prompt {i}"``, so the last checkpoint is ~20 MB, mostly fake KV). The log is built once
    (``run_until_step(i)`` + ``commit(ckpt, parent=id of step i-1, step=i)``) and reused by every
    sample. ``--log every`` commits every step (the default up to 2,000 steps; 10,000 steps take
-   1-2.5 h here, as each commit is O(run size)); ``--log chains`` (the default above 2,000) runs
+   1-2.5 h here, as each commit of bytes decodes and checks the whole run); ``--log chains`` (the default above 2,000) runs
    the same agent through every step but commits only the chains the measurements read, steps
    0-16 and the last three chains (9,962-9,999), each segment starting at a step where the
    every-step log holds a full checkpoint, so those objects are byte for byte the same.
@@ -26,6 +26,12 @@ next to the repo (the real disk, not tmpfs; ``--dir`` moves it), deleted afterwa
    log per sample at k = 10 and k = N-10; the fork's object and record are deleted after each
    sample (untimed), so every sample does the same real write. Separately: fork, then
    ``DurableAgent().resume_from(log.load(forked))`` for the remaining steps (that is resume, not fork).
+   **The floor (issue 13).** For every fresh-log sample, ``hashlib.sha256`` of that fork's own
+   checkpoint bytes (``log.load(fork)``, untimed; median of 7) is timed in the same run: a fork must
+   hash its full checkpoint, since its id is that hash. Each position gets PASS/MISS against <= 3x
+   that floor, for the warm log (the source already in the log's memory: the fork proper, its
+   change plus one hash plus two durable writes) and for a fresh log (which also reads, verifies
+   and parses the source), with the fsync time and the process CPU time beside it.
 4. **Report.** A table with the peers' fork/load/storage figures quoted from
    ``shared/recipes/peers/durable-peers.md`` (context, not re-measured), PASS/MISS against the
    targets (a report: the exit status is 0 either way), raw numbers in
@@ -41,6 +47,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import datetime as _dt
+import hashlib
 import json
 import os
 import shutil
@@ -84,6 +91,7 @@ MAX_CHAIN = 16
 FORK_VALUE = "new prompt"
 TARGET_MS = 5.0          # fork target (issue); also used for load, since every fork starts with a load
 SAME_RATIO = 1.5         # "the same at both positions": slower median / faster median <= 1.5
+FLOOR_RATIO = 3.0        # issue 13: a fork <= 3x the SHA-256 of its own checkpoint bytes, at both positions
 
 
 def prompts(n: int) -> list[str]:
@@ -311,7 +319,7 @@ def open_big_log(log_dir: Path, steps: int, mode: str) -> tuple[dict, bool]:
 
 def fork_samples(store: LocalDirectoryStore, k: int, src: str, node: str, known: set[str], n: int,
                  budget: float) -> dict:
-    times, cpu, fsync_n, fsync_s, fresh_ids, stored = [], [], [], [], set(), []
+    times, cpu, fsync_n, fsync_s, fresh_ids, stored, floors = [], [], [], [], set(), [], []
     t_start = time.perf_counter()
     while keep_sampling(len(times), n, time.perf_counter() - t_start, budget, 3):
         log = CheckpointLog(store, RUN_BIG)
@@ -323,6 +331,7 @@ def fork_samples(store: LocalDirectoryStore, k: int, src: str, node: str, known:
             elapsed = time.perf_counter() - t0
             cpu.append(time.process_time() - c0)
         rec = log.record(cid)
+        floors.append(sha_floor(log.load(cid)))   # untimed: the floor, on this fork's own bytes
         times.append(elapsed)
         fsync_n.append(fs["calls"])
         fsync_s.append(fs["seconds"])
@@ -333,19 +342,29 @@ def fork_samples(store: LocalDirectoryStore, k: int, src: str, node: str, known:
     # warm: the source already loaded by this log object
     log = CheckpointLog(store, RUN_BIG)
     log.load(src)
-    warm = []
+    warm, warm_fsync, warm_cpu = [], [], []
     t_start = time.perf_counter()
-    while keep_sampling(len(warm), min(n, 3), time.perf_counter() - t_start, budget / 2, 1):
+    while keep_sampling(len(warm), max(n, 3), time.perf_counter() - t_start, budget / 2, 3):
         since = time.time_ns() - 1_000_000_000
-        t0 = time.perf_counter()
-        cid = log.fork(src, node, FORK_VALUE)
-        warm.append(time.perf_counter() - t0)
+        with FSYNC.delta() as fs:
+            c0 = time.process_time()
+            t0 = time.perf_counter()
+            cid = log.fork(src, node, FORK_VALUE)
+            warm.append(time.perf_counter() - t0)
+            warm_cpu.append(time.process_time() - c0)
+        warm_fsync.append(fs["seconds"])
         drop_fork(store, RUN_BIG, cid, known, since)
     src_rec = CheckpointLog(store, RUN_BIG).record(src)
     return {"k": k, "source": src, "source_depth": src_rec.depth, "source_bytes": src_rec.checkpoint_bytes,
             "node": node, "fork_ids": sorted(fresh_ids), "fresh": summary(times), "fresh_cpu": summary(cpu),
-            "warm_source_cached": summary(warm),
+            "warm_source_cached": summary(warm), "warm_fsync_s": summary(warm_fsync), "warm_cpu": summary(warm_cpu),
+            "floor_sha256": summary(floors),
             "fsyncs": statistics.median(fsync_n), "fsync_s": summary(fsync_s), "fork_record": stored[0]}
+
+
+def sha_floor(blob: bytes, n: int = 7) -> float:
+    """The physics of a fork: one ``hashlib.sha256`` over its full checkpoint bytes (median of ``n``)."""
+    return statistics.median(time_each(n, lambda _: hashlib.sha256(blob).digest()))
 
 
 def resume_samples(store: LocalDirectoryStore, k: int, src: str, node: str, known: set[str], n: int,
@@ -375,14 +394,17 @@ def resume_samples(store: LocalDirectoryStore, k: int, src: str, node: str, know
 
 # ---- profiling -------------------------------------------------------------------------------
 KEY_FUNCS = [  # (file suffix, function) shown in the "where the time goes" breakdown
-    ("checkpoints/log.py", "fork"), ("checkpoints/log.py", "load"), ("checkpoints/log.py", "_load_data"),
-    ("checkpoints/log.py", "record"), ("checkpoints/log.py", "commit"), ("checkpoints/log.py", "make_delta"),
-    ("checkpoints/log.py", "apply_delta"), ("checkpoints/log.py", "_remember"),
-    ("checkpoints/agent.py", "fork"), ("checkpoints/agent.py", "_downstream"), ("checkpoints/agent.py", "_decode"),
-    ("checkpoints/format.py", "encode"), ("checkpoints/format.py", "decode"), ("checkpoints/format.py", "checkpoint_id"),
+    ("checkpoints/log.py", "fork"), ("checkpoints/log.py", "load"), ("checkpoints/log.py", "_load_sections"),
+    ("checkpoints/log.py", "record"), ("checkpoints/log.py", "_commit"), ("checkpoints/log.py", "make_delta"),
+    ("checkpoints/log.py", "apply_delta"), ("checkpoints/log.py", "_remember"), ("checkpoints/log.py", "_read_object"),
+    ("checkpoints/agent.py", "fork_change"), ("checkpoints/agent.py", "validate_header"),
+    ("checkpoints/format.py", "encode"), ("checkpoints/format.py", "decode_identified"),
+    ("checkpoints/format.py", "_parse_header"), ("checkpoints/format.py", "_value_items"),
+    ("checkpoints/format.py", "edit"), ("checkpoints/format.py", "identify"),
     ("local/files.py", "write_file_atomic"), ("local/objects.py", "get"), ("local/objects.py", "exists"),
     ("encoder.py", "iterencode"), ("decoder.py", "raw_decode"),
-    ("~", "<built-in method _hashlib.openssl_sha256>"), ("_common.py", "wrapper"),  # the fsync counter
+    ("~", "<built-in method _hashlib.openssl_sha256>"), ("~", "<method 'update' of '_hashlib.HASH' objects>"),
+    ("_common.py", "wrapper"),  # the fsync counter
 ]
 
 
@@ -544,6 +566,21 @@ def main() -> int:
                                  "detail": f"median {fmt_t(med)} over {row['fresh']['n']}; "
                                            f"warm log {fmt_t(row['warm']['median'])}; "
                                            f"checkpoint {row['checkpoint_bytes']:,} B"})
+        for k in ks:   # issue 13: a fork costs the size of its change plus one SHA-256 of its bytes
+            f = result["fork"][str(k)]
+            floor = f["floor_sha256"]["median"]
+            for mode, label in (("warm_source_cached", "source in the log's cache"), ("fresh", "fresh log")):
+                med = f[mode]["median"]
+                fsync_med = f["warm_fsync_s" if mode == "warm_source_cached" else "fsync_s"]["median"]
+                cpu_med = f["warm_cpu" if mode == "warm_source_cached" else "fresh_cpu"]["median"]
+                f[f"ratio_{mode}"] = med / floor
+                verdicts.append({"name": f"fork at step {k:,} of {steps:,} ({label}) <= {FLOOR_RATIO:g}x the floor "
+                                         f"(SHA-256 of its {f['fork_record']['checkpoint_bytes']:,} B)",
+                                 "pass": med <= FLOOR_RATIO * floor,
+                                 "detail": f"fork {fmt_t(med)} / floor {fmt_t(floor)} = {med / floor:.1f}x; "
+                                           f"of which fsync {fmt_t(fsync_med)}: without it "
+                                           f"{max(med - fsync_med, 0) / floor:.1f}x; CPU time {fmt_t(cpu_med)} = "
+                                           f"{cpu_med / floor:.1f}x"})
         result["verdicts"] = verdicts
 
         # ---- profiling of what missed ---------------------------------------------------------
@@ -617,6 +654,9 @@ def report(r: dict, steps: int, ks: tuple[int, int], small_steps: int) -> None:
                      f"{fmt_t(f['fresh']['min'])} / {fmt_t(f['fresh']['max'])}; {fmt_t(f['fresh_cpu']['median'])}", ""))
         rows.append(("   of which fsync (count, time)", f"{f['fsyncs']:.0f}, {fmt_t(f['fsync_s']['median'])}", ""))
         rows.append(("   fork, warm log (source already loaded)", fmt_t(f["warm_source_cached"]["median"]), ""))
+        rows.append((f"   floor: SHA-256 of the fork's {f['fork_record']['checkpoint_bytes']:,} B; ratio fresh / warm",
+                     f"{fmt_t(f['floor_sha256']['median'])}; {f['ratio_fresh']:.1f}x / "
+                     f"{f['ratio_warm_source_cached']:.1f}x", "issue 13 target: <= 3x at both positions"))
         rec = f["fork_record"]
         rows.append(("   fork stored as", f"{rec['kind']} depth {rec['depth']}, {fmt_b(rec['stored_bytes'])}", ""))
     for k in ks:

@@ -36,8 +36,21 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         _print_json(report)
     else:
         for key, value in report.items():
+            if isinstance(value, dict):  # the cache section: model, fingerprint, dtype, tokens covered, bytes
+                print(f"{key}:")
+                for name, item in value.items():
+                    print(f"  {name}: {item}{_per_token(name, item, value)}")
+                continue
             print(f"{key}: {', '.join(map(str, value)) if isinstance(value, list) else value}")
     return 0
+
+
+def _per_token(name: str, value: Any, section: dict[str, Any]) -> str:
+    """`` (N B/token)`` after the cache's byte count, where it covers tokens."""
+    tokens = section.get("tokens")
+    if name != "bytes" or not isinstance(value, int) or not isinstance(tokens, int) or tokens <= 0:
+        return ""
+    return f" ({value / tokens:,.0f} B/token)"
 
 
 def _for_people(report: dict[str, Any]) -> dict[str, Any]:

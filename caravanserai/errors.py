@@ -11,7 +11,8 @@ The tree (codes in parentheses)::
     │   ├── UnknownStoreScheme             (unknown_store_scheme)
     │   ├── SerializationError             (serialization_error)    a state or value JSON cannot hold
     │   ├── InvalidObjectKey               (invalid_object_key)     not a plain relative /-path
-    │   └── InvalidPutMode                 (invalid_put_mode)       not "overwrite", "create" or IfVersion
+    │   ├── InvalidPutMode                 (invalid_put_mode)       not "overwrite", "create" or IfVersion
+    │   └── ObjectCompactionInvalid        (object_compaction_invalid) compact_every / delta_every not a count >= 1
     ├── StoreError                         (store_error)            a store, its journal or its leases
     │   ├── StoreUnavailable               (store_unavailable)      cannot be reached or opened
     │   │   └── StoreFull                  (store_full)             disk, quota or file-size limit; nothing half-written
@@ -53,7 +54,8 @@ The tree (codes in parentheses)::
     │   ├── CheckpointCorruptionError      (checkpoint_corruption)  damaged bytes, or an id that does not match
     │   ├── UnknownNode                    (unknown_node)           no node with that id
     │   ├── AmbiguousId                    (ambiguous_id)           an id prefix matches more than one id
-    │   └── AgentNotStarted                (agent_not_started)      a DurableAgent used before begin()/resume_from()
+    │   ├── AgentNotStarted                (agent_not_started)      a DurableAgent used before begin()/resume_from()
+    │   └── ModelFingerprintMismatch       (model_fingerprint_mismatch) a KV cache made by another model, revision or dtype
     └── IdentityMismatch                   (durable_identity_mismatch) a resume would be a different run; appends nothing
         ├── DefinitionChanged              (durable_definition_changed)
         │   └── CellChanged                (durable_definition_changed) a %%resumable cell's source changed
@@ -107,10 +109,13 @@ __all__ = [
     "MaxTurnsExceeded",
     "MissingExtra",
     "ModelError",
+    "ModelFingerprintMismatch",
+    "ModelNotChosen",
     "ModelNotConfigured",
     "NoCurrentRun",
     "NoSuchCall",
     "NoSuchWaypoint",
+    "ObjectCompactionInvalid",
     "ObjectConditionalPutRequired",
     "ObjectLeaseTtlInvalid",
     "ObjectNotFound",
@@ -215,6 +220,12 @@ class InvalidPutMode(InvalidInput):
     """A put mode other than ``"overwrite"``, ``"create"`` or ``IfVersion(version)``."""
 
     code = "invalid_put_mode"
+
+
+class ObjectCompactionInvalid(InvalidInput):
+    """``compact_every`` or ``delta_every`` of an object store is not a whole number of appends >= 1 (field ``option``)."""
+
+    code = "object_compaction_invalid"
 
 
 class StoreError(CaravanseraiError):
@@ -408,6 +419,19 @@ class AmbiguousId(CheckpointError, ValueError):
 
 class AgentNotStarted(CheckpointError):
     code = "agent_not_started"
+
+
+class ModelFingerprintMismatch(CheckpointError):
+    """A checkpoint's KV cache was computed by another model, revision or dtype than the one loaded here."""
+
+    code = "model_fingerprint_mismatch"
+
+
+class ModelNotChosen(CheckpointError):
+    """A checkpoint names a local model folder that this process's code did not choose: data never picks
+    files to load (pass ``model_id=`` or set ``CARAVANSERAI_LOCAL_MODEL``)."""
+
+    code = "model_not_chosen"
 
 
 class IdentityMismatch(CaravanseraiError):

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 import caravanserai
 from caravanserai import DurableAgent, durable, open_store
+from caravanserai.calls import pricing
 from caravanserai.calls.pricing import register_price
 from caravanserai.checkpoints import CheckpointLog
 from caravanserai.checkpoints.lineage import lineage
@@ -106,7 +107,8 @@ def test_a_fork_reuses_the_parents_steps_and_figures(store):
     assert cell["d_tokens"] == cell["tokens"] - result.steps[2]["cells"][0]["tokens"]
 
 
-def test_waypoint_timelines_carry_calls_cost_and_compare_three_ways(store):
+def test_waypoint_timelines_carry_calls_cost_and_compare_three_ways(store, monkeypatch):
+    monkeypatch.setattr(pricing, "_PRICES", dict(pricing._PRICES))  # the price below stays in this test
     register_price("scripted", 1.0, 2.0)
     for run_id, answers in (("a", ["x", "y", "z"]), ("b", ["x", "y", "w"]), ("c", ["x", "q", "z"])):
         with durable(run_id) as run:

@@ -8,7 +8,6 @@ killed service, and a paused client fenced off after another client took its run
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ except ImportError as exc:  # the [http] extra; required under CI
 
 from conftest import REPO  # noqa: E402
 from servers._proc import free_port  # noqa: E402
+from servers.journal_service import JournalServiceProcess  # noqa: E402
 
 from caravanserai import LeaseLost, RunLocked, StoreUnavailable  # noqa: E402
 from caravanserai.stores import http as http_module  # noqa: E402
@@ -43,48 +43,13 @@ TOKEN = "test-token-0123456789abcdef"
 
 
 # ---- a real service in a child process ------------------------------------------------------------
-class Server:
+class Server(JournalServiceProcess):
     def __init__(self, store_url: str, token: str = TOKEN, port: int | None = None) -> None:
-        self.store_url = store_url
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        env.pop("CARAVANSERAI_HTTP_TOKEN", None)
-        code = f"from caravanserai.service import serve; serve({store_url!r}, port={self.port}, token={token!r})"
-        self.log = tempfile.TemporaryFile(mode="w+")  # not a pipe: a chatty server never blocks on it
-        self.proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 20
-        while True:
-            if self.proc.poll() is not None:
-                self.log.seek(0)
-                raise RuntimeError(f"the service exited ({self.proc.returncode}): {self.log.read()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError("the service did not answer /health within 20 s")
-            time.sleep(0.05)
+        super().__init__(store_url, token, port)
 
     def client(self, token: str = TOKEN, **options) -> HttpDurableStore:
         options.setdefault("lock_ttl_ms", 3000)
         return HttpDurableStore(self.url, token, **options)
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self.log.close()
 
 
 _SHARED: dict[str, Server] = {}
@@ -354,6 +319,7 @@ def test_5xx_is_retried_with_exponential_backoff_and_the_key_is_kept(sleeps):
 
     store = _mock_store(handler, backoff_ms=100)
     assert store.remove("r") is True
+    seen = [s for s in seen if s[0].endswith("/runs/r")]  # (remove also deletes the run's index object after)
     assert len(seen) == 3 and len({key for _, key in seen}) == 1 and seen[0][1]
     assert len(sleeps) == 2 and 0.05 <= sleeps[0] <= 0.1 and 0.1 <= sleeps[1] <= 0.2
 
@@ -476,3 +442,28 @@ def test_service_lets_the_backing_lease_go_when_a_client_lease_expires():
         assert regranted["token"] > granted["token"]
     finally:
         service.close()
+
+
+def test_run_index_reads_versions_in_one_request(tmp_path, monkeypatch) -> None:
+    """The run index over the service: every run's version comes from one ``GET /v1/runs?versions=1``;
+    with current entries, no journal is read."""
+    import caravanserai
+    from caravanserai.runs.index import check_index, list_runs
+
+    server = Server(str(tmp_path / "backing"))
+    try:
+        store = server.client()
+        for name in ("web-1", "web-2"):
+            with caravanserai.durable(name, store=store) as run:
+                run.checkpoint({"n": 1}, "one")
+        listed = {e.run_id: e.summary["waypoints"] for e in list_runs(store)}
+        assert listed == {"web-1": 1, "web-2": 1} and check_index(store) == []
+
+        def no_journal_reads(run_id: str) -> list[str]:
+            raise AssertionError(f"the journal of {run_id} was read although its index entry is current")
+
+        monkeypatch.setattr(store, "_load", no_journal_reads)
+        assert {e.run_id: e.summary["waypoints"] for e in list_runs(store)} == listed
+        store.close()
+    finally:
+        server.stop()

@@ -14,8 +14,10 @@ import pytest
 
 from caravanserai.errors import (
     CaravanseraiError,
+    JournalCorruptionError,
     LeaseLost,
     LeaseTtlInvalid,
+    ObjectCompactionInvalid,
     ObjectConditionalPutRequired,
     ObjectLeaseTtlInvalid,
     ObjectPreconditionFailed,
@@ -260,3 +262,238 @@ def test_new_names_and_the_seed_aliases():
     from caravanserai.stores.http import HttpDurableStore, HttpStore
 
     assert HttpDurableStore is HttpStore
+
+
+# ---- segments: the journal compacted by its holder --------------------------------------------------------
+class CountingObjects(MemoryObjects):
+    """MemoryObjects that records every call (method, key or prefix)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, str]] = []
+
+    def put(self, key, data, *, mode="overwrite"):
+        self.calls.append(("put", key))
+        return super().put(key, data, mode=mode)
+
+    def get(self, key):
+        self.calls.append(("get", key))
+        return super().get(key)
+
+    def list(self, prefix=""):
+        self.calls.append(("list", prefix))
+        return super().list(prefix)
+
+    def delete(self, key):
+        self.calls.append(("delete", key))
+        return super().delete(key)
+
+
+class TestBucketStoreCompactingOften(StoreConformance):
+    @pytest.fixture
+    def store(self):
+        return BucketStore(MemoryObjects(), lease_ttl_ms=3000, compact_every=5, delta_every=2)
+
+
+TestCompactingJournalMachine = journal_machine(
+    lambda: BucketStore(MemoryObjects(), lease_ttl_ms=3000, compact_every=5, delta_every=2)).TestCase
+
+
+def _append_each(store, run_id, count, tail=None, lease=None):
+    """``count`` appends of one event each; returns (lines, tail)."""
+    written = []
+    own = lease is None
+    lease = lease or store.acquire(run_id)
+    for _ in range(count):
+        lines, new_tail = make_lines(run_id, 1, tail)
+        store.append(run_id, lines, lease=lease, seq=(tail.seq if tail else 0))
+        written += lines
+        tail = new_tail
+    if own:
+        lease.release()
+    return written, tail
+
+
+def _segments(store, run_id):
+    return [key for _, key in store._segments(run_id)]
+
+
+def test_the_holder_compacts_every_k_chunks_and_on_release():
+    store = BucketStore(MemoryObjects(), lease_ttl_ms=3000, compact_every=4)
+    lease = store.acquire("r")  # chunk 0 is its fence
+    lines, tail = _append_each(store, "r", 10, lease=lease)  # chunks 1..10
+    assert _segments(store, "r") == [store._segment_key("r", 7)]  # through 3, then through 7 (3 deleted)
+    body = store.bucket.get(store._segment_key("r", 7)).decode().split("\n")
+    header = json.loads(body[0])
+    assert header == {"segment": 1, "run": "r", "from": 0, "through": 7, "lines": 7, "token": lease.token}
+    assert body[1:] == lines[:7]
+    lease.release()
+    assert _segments(store, "r") == [store._segment_key("r", 10)]
+    assert store.load("r") == lines
+    again, _ = _append_each(store, "r", 1, tail)  # a fence, one chunk, a segment on release
+    assert store.load("r") == lines + again and _segments(store, "r") == [store._segment_key("r", 12)]
+
+
+def test_a_released_run_loads_from_its_segment_alone():
+    bucket = CountingObjects()
+    store = BucketStore(bucket, lease_ttl_ms=3000, compact_every=256)
+    lines, _ = _append_each(store, "r", 300)
+    bucket.calls.clear()
+    assert store.load("r") == lines
+    assert bucket.calls[0] == ("get", store._head_key("r"))  # then the segment and one chunk probe, no listing
+    assert sorted(bucket.calls[1:]) == [("get", store._chunk_key("r", 301)), ("get", store._segment_key("r", 300))]
+    bucket.calls.clear()
+    assert store.list() == ["r"]
+
+
+def test_the_new_holder_reads_once_and_reuses_it():
+    bucket = CountingObjects()
+    store = BucketStore(bucket, lease_ttl_ms=3000, compact_every=4)
+    lines, tail = _append_each(store, "r", 6)
+    bucket.calls.clear()
+    lease = store.acquire("r")
+    assert store.load_held(lease) == lines and lease.next_seq == 6
+    reads = [c for c in bucket.calls if c[0] in ("get", "list")]
+    assert reads.count(("get", store._segment_key("r", 6))) == 1
+    bucket.calls.clear()
+    assert store.load_held(lease) == lines and not bucket.calls
+    more, _ = _append_each(store, "r", 1, tail, lease=lease)
+    assert store.load_held(lease) == lines + more
+    lease.release()
+
+
+def test_old_layouts_of_chunks_alone_still_load_and_get_a_segment():
+    store = BucketStore(MemoryObjects(), lease_ttl_ms=3000)
+    lines, tail = make_lines("r", 5)
+    for chunk, data in enumerate([b"", *(line.encode() for line in lines[:2]), "\n".join(lines[2:]).encode()]):
+        store.bucket.put(store._chunk_key("r", chunk), data, mode="create")  # as before segments, fence first
+    assert store.load("r") == lines and store.list() == ["r"] and not _segments(store, "r")
+    more, _ = _append_each(store, "r", 2, tail)
+    assert store.load("r") == lines + more and _segments(store, "r") == [store._segment_key("r", 6)]
+
+
+def test_a_fenced_writers_late_chunk_never_appears_in_a_segment():
+    bucket = MemoryObjects()
+    a, b = BucketStore(bucket, lease_ttl_ms=3000, compact_every=2), BucketStore(bucket, lease_ttl_ms=3000,
+                                                                                compact_every=2)
+    lease_a = a.acquire("r")
+    lease_a._stop.set()  # A is paused: no renewals
+    first, tail = _append_each(a, "r", 3, lease=lease_a)
+    key = a._lease_key("r")
+    body, version = bucket.get_versioned(key)
+    bucket.put(key, json.dumps({**json.loads(body), "expires_at": 0}).encode(), mode=IfVersion(version))
+    lease_b = b.acquire("r")  # takes over: fences, reads A's chunks
+    late, _ = make_lines("r", 1, tail, text="late")
+    with pytest.raises(LeaseLost, match="fenced"):
+        a.append("r", late, lease=lease_a, seq=3)
+    a._compact(lease_a)  # even a stale holder compacting covers only the chunks it wrote before the fence
+    second, _ = _append_each(b, "r", 3, tail, lease=lease_b)
+    lease_b.release()
+    lease_a.release()
+    assert b.load("r") == first + second
+    for segment in bucket.list(f"{b.prefix}segments/"):
+        assert late[0] not in bucket.get(segment).decode().split("\n")
+    assert all(b"late" not in bucket.get(k) for k in bucket.list(""))
+
+
+def test_a_failed_compaction_loses_nothing():
+    class Flaky(MemoryObjects):
+        def put(self, key, data, *, mode="overwrite"):
+            if "/segments/" in key:
+                raise StoreUnavailable("the bucket is unreachable")
+            return super().put(key, data, mode=mode)
+
+    store = BucketStore(Flaky(), lease_ttl_ms=3000, compact_every=2)
+    lines, _ = _append_each(store, "r", 5)
+    assert store.load("r") == lines and not _segments(store, "r")
+
+
+def test_a_reader_whose_segment_was_replaced_reads_again():
+    store = BucketStore(MemoryObjects(), lease_ttl_ms=3000, compact_every=2)
+    lines, _ = _append_each(store, "r", 3)
+    picked = store._segments("r")
+    store.bucket.delete(picked[-1][1])
+    stale = iter([[(picked[-1])]])  # the first listing still names the deleted segment
+    real = store._segments
+    store._segments = lambda run_id: next(stale, None) or real(run_id)
+    store.bucket.put(store._segment_key("r", 1), b'{"segment": 1, "run": "r", "from": 0, "through": 1, "lines": 1}\n'
+                     + lines[0].encode())
+    assert store.load("r") == lines
+
+
+def test_a_damaged_segment_is_journal_corruption_naming_it():
+    store = BucketStore(MemoryObjects(), lease_ttl_ms=3000, compact_every=2)
+    _append_each(store, "r", 3)
+    key = _segments(store, "r")[-1]
+    store.bucket.put(key, b'{"segment": 1, "through": 0, "lines": 9}\nx')
+    with pytest.raises(JournalCorruptionError, match="segment") as info:
+        store.load("r")
+    assert info.value.key == key and "\n" not in str(info.value)
+
+
+def test_compact_every_and_delta_every_must_be_positive_counts():
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ObjectCompactionInvalid, match="compact_every") as info:
+            BucketStore(MemoryObjects(), compact_every=bad)
+        assert isinstance(info.value, ValueError) and info.value.code == "object_compaction_invalid"
+        with pytest.raises(ObjectCompactionInvalid, match="delta_every"):
+            BucketStore(MemoryObjects(), delta_every=bad)
+
+
+def test_deltas_between_segments_keep_a_killed_holders_tail_short():
+    bucket = CountingObjects()
+    store = BucketStore(bucket, lease_ttl_ms=3000, compact_every=8, delta_every=2)
+    lease = store.acquire("r")  # fence 0
+    lines, _ = _append_each(store, "r", 12, lease=lease)  # chunks 1..12
+    # deltas 0-1, 0-3, 0-5; the segment through 7 replaced them; deltas 8-9, then 8-11; chunk 12 after
+    head = json.loads(bucket.get(store._head_key("r")))
+    assert head == {"through": 7, "deltas": [[8, 11]]}
+    assert bucket.list(f"{store.prefix}segments/r/") == sorted([store._delta_key("r", 8, 9), store._segment_key("r", 7),
+                                                                store._delta_key("r", 8, 11), store._head_key("r")])
+    delta = bucket.get(store._delta_key("r", 8, 11)).decode().split("\n")
+    assert json.loads(delta[0])["from"] == 8 and delta[1:] == lines[7:11]
+    lease._stop.set()
+    lease._deadline = 0  # as if killed: no compaction on release
+    bucket.calls.clear()
+    assert store.load("r") == lines
+    fetched = sorted(key for _, key in bucket.calls)
+    assert fetched == sorted([store._head_key("r"), store._segment_key("r", 7), store._delta_key("r", 8, 11),
+                              *(store._chunk_key("r", n) for n in range(12, 28))])
+    # (a head with a delta was written mid-run: the chunks after it are probed 16 at once)
+    body, version = bucket.get_versioned(store._lease_key("r"))  # its lease runs out
+    bucket.put(store._lease_key("r"), json.dumps({**json.loads(body), "expires_at": 0}).encode(),
+               mode=IfVersion(version))
+    successor = store.acquire("r")
+    assert store.load_held(successor) == lines and successor.deltas == [(8, 11)]
+    more, _ = _append_each(store, "r", 2, make_lines("r", 12)[1], lease=successor)  # fence 13, chunks 14, 15
+    successor.release()
+    assert store.load("r") == lines + more
+    assert bucket.list(f"{store.prefix}segments/r/") == [store._segment_key("r", 15), store._head_key("r")]
+
+
+def test_the_head_is_only_a_hint():
+    store = BucketStore(MemoryObjects(), lease_ttl_ms=3000, compact_every=3)
+    lines, tail = _append_each(store, "r", 7)
+    head = store._head_key("r")
+    store.bucket.delete(head)  # a holder killed before its first head: the chunks from 0
+    assert store.load("r") == lines
+    store.bucket.put(head, b'{"through": 3}')  # an older segment (a kill between segment and head)
+    store.bucket.put(store._segment_key("r", 3), b'{"segment": 1, "run": "r", "from": 0, "through": 3, "lines": 3}\n'
+                     + "\n".join(lines[:3]).encode())
+    assert store.load("r") == lines
+    store.bucket.put(head, b"not json")
+    assert store.load("r") == lines
+    more, _ = _append_each(store, "r", 1, tail)
+    assert store.load("r") == lines + more and _segments(store, "r") == [store._segment_key("r", 9)]
+
+
+def test_a_segment_of_another_run_is_never_read_as_this_ones():
+    """A segment whose header names another run (left by a removed run of the same id, or planted) is
+    journal corruption naming it, never this run's prefix."""
+    store = BucketStore(MemoryObjects(), lease_ttl_ms=3000, compact_every=3)
+    lines, _ = _append_each(store, "r", 7)
+    store.bucket.put(store._head_key("r"), b'{"through": 3}')
+    store.bucket.put(store._segment_key("r", 3), b'{"segment": 1, "run": "other", "from": 0, "through": 3, "lines": 3}\n'
+                     + b"\n".join(b'{"forged": true}' for _ in range(3)))
+    with pytest.raises(JournalCorruptionError, match="not a segment of this run"):
+        store.load("r")

@@ -87,3 +87,63 @@ def test_unreachable_endpoint_is_store_unavailable():
     with pytest.raises(StoreUnavailable, match="failed"):
         store.load("r")
     assert time.monotonic() - started < 60
+
+
+# ---- segments and listing on a real S3 server ---------------------------------------------------------------
+class TestS3StoreCompactingOften(StoreConformance):
+    @pytest.fixture
+    def store(self, s3):
+        store = open_store(_url(s3) + "&compact_every=5&delta_every=2")  # the URL options
+        assert (store.compact_every, store.delta_every) == (5, 2)
+        return store
+
+
+class _Recorder:
+    """Records the calls a store makes on its bucket face (each one request here: small listings)."""
+
+    def __init__(self, bucket) -> None:
+        self.calls: list[tuple[str, str]] = []
+        for name in ("get", "list", "list_children", "put", "delete", "exists", "get_versioned"):
+            setattr(bucket, name, self._wrap(name, getattr(bucket, name)))
+
+    def _wrap(self, name, fn):
+        def call(key, *args, **kwargs):
+            self.calls.append((name, key))
+            return fn(key, *args, **kwargs)
+        return call
+
+
+def test_a_long_run_loads_in_three_requests_and_a_killed_holders_tail_in_parallel(s3):
+    store = open_store(_url(s3))
+    store.compact_every = 8
+    lines, tail = make_lines("r", 30)
+    with store.acquire("r") as lease:
+        for i, line in enumerate(lines[:20]):
+            store.append("r", [line], lease=lease, seq=i)
+    calls = _Recorder(store.bucket).calls
+    assert store.load("r") == lines[:20]
+    assert [name for name, _ in calls] == ["get"] * 3  # the head, the segment, one chunk probe: no listing
+    lease = store.acquire("r")
+    for i, line in enumerate(lines[20:], start=20):  # a fence (21), chunks 22..31: a segment through 28
+        store.append("r", [line], lease=lease, seq=i)
+    lease._stop.set()
+    lease._deadline = 0  # as if killed: no release, no compaction
+    calls.clear()
+    assert store.load("r") == lines
+    # the head, the segment through 28, chunks 29..31 and four misses (probed 1, 2, then 4 at a time)
+    assert [name for name, _ in calls] == ["get"] * 9
+    assert store.list() == ["r"]
+
+
+def test_list_reads_one_key_per_run_not_every_chunk(s3):
+    store = open_store(_url(s3))
+    for run_id in ("b", "a", "c.1"):
+        with store.acquire(run_id) as lease:
+            for i, line in enumerate(make_lines(run_id, 5)[0]):
+                store.append(run_id, [line], lease=lease, seq=i)
+    calls = _Recorder(store.bucket).calls
+    assert store.list() == ["a", "b", "c.1"]
+    assert calls == [("list_children", "team/journal/")]
+    assert store.bucket.list_children("team/journal/a/") == ["00000000000000000000", "00000000000000000001",
+                                                             "00000000000000000002", "00000000000000000003",
+                                                             "00000000000000000004", "00000000000000000005"]

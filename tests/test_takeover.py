@@ -145,3 +145,64 @@ def test_a_dead_holder_on_this_machine_is_taken_over_at_once(store_url, child_en
     events = read_events(run_id, store=store_url)
     assert events[-1]["type"] == "waypoint" and events[-1]["n"] == n and events[-1]["note"] == "taken over"
     assert sum(e["type"] in ("run_started", "attempt") for e in events) == 2
+
+
+# ---- object storage: segment compaction under SIGKILL -----------------------------------------------------
+SEGMENT_CHILD = str(Path(__file__).parent / "children" / "segment_writer.py")
+KILL_POINTS = [  # (when, request kind, which one): every step of a compaction, on append and on release
+    # ten appends: deltas 0-1 and 0-3, a segment through 5 (the deltas deleted), deltas 6-7 and 6-9, and on
+    # release a segment through 10 (the segment through 5 and both deltas deleted, in one request each time)
+    ("before", "delta", 1),  # the first delta not written
+    ("after", "delta", 1),  # written, not yet in the head
+    ("after", "head", 1),  # in the head
+    ("after", "chunk", 6),  # chunk 5, which triggers the segment, is durable but not acknowledged
+    ("before", "segment", 1),
+    ("after", "segment", 1),  # written, the head still naming the deltas
+    ("after", "head", 3),  # the head moved to it, the deltas it replaces not yet deleted
+    ("after", "delete", 1),  # they are deleted
+    ("after", "delta", 3),  # a delta after a segment, not yet in the head
+    ("before", "segment", 2),  # release: the last segment not written
+    ("after", "segment", 2),  # release: written, the head not moved
+    ("after", "head", 6),  # release: the head moved, the segment and deltas replaced still there
+    ("after", "delete", 2),  # release: they are deleted
+    ("before", "release", 1),  # release: compacted, the lease object not yet given up
+    ("after", "release", 1),  # released, then killed before saying so
+]
+
+
+def _chunks_only(store, run_id: str) -> list[str]:
+    """The journal read the pre-segment way: every chunk, in order (what every segment must agree with)."""
+    lines = []
+    for key in _chunk_keys(store, run_id):
+        data = store.bucket.get(key)
+        lines += data.decode().split("\n") if data else []
+    return lines
+
+
+@pytest.mark.parametrize("point", KILL_POINTS, ids=["-".join(map(str, p)) for p in KILL_POINTS])
+def test_segment_compaction_killed_at_every_point_keeps_every_acknowledged_event(s3_url, child_env, point):
+    url, run_id = s3_url(), "compacted"
+    child = subprocess.run([sys.executable, SEGMENT_CHILD, url, run_id, "10", *map(str, point)], env=child_env,
+                           capture_output=True, text=True, timeout=120)
+    assert child.returncode == -signal.SIGKILL, (child.stdout, child.stderr)
+    acknowledged = [int(line) for line in child.stdout.split() if line.isdigit()]
+    store = caravanserai.open_store(url)
+    events = store.events(run_id)  # verified: seq 0, 1, 2... with no gap or repeat, the hash chain intact
+    assert [e["i"] for e in events] == [e["seq"] for e in events] == list(range(len(events)))
+    assert acknowledged == list(range(len(acknowledged))) and len(events) >= len(acknowledged)
+    assert store.load(run_id) == _chunks_only(store, run_id)  # the newest segment agrees with the chunks
+    # the next holder takes over at once (the killed one was on this machine), reads the same, appends
+    successor = subprocess.run([sys.executable, SEGMENT_CHILD, url, run_id, "3", "after", "none", "0"],
+                               env=child_env, capture_output=True, text=True, timeout=120)
+    assert successor.returncode == 0 and successor.stdout.split()[-1] == "RELEASED", successor.stderr
+    assert [int(x) for x in successor.stdout.split()[:-1]] == [len(events), len(events) + 1, len(events) + 2]
+    after = store.events(run_id)
+    assert [e["i"] for e in after] == list(range(len(events) + 3))
+    assert after[:len(events)] == events
+    assert store.load(run_id) == _chunks_only(store, run_id)
+    assert store.bucket.list(f"{store.prefix}segments/{run_id}/") == [
+        store._segment_key(run_id, len(_chunk_keys(store, run_id)) - 1), store._head_key(run_id)]  # no leftovers
+
+
+def _chunk_keys(store, run_id: str) -> list[str]:
+    return store.bucket.list(f"{store.prefix}journal/{run_id}/")

@@ -9,9 +9,7 @@ from typing import Any
 
 import ipywidgets
 
-from caravanserai.errors import CaravanseraiError
-from caravanserai.panels.timeline import run_summary_row
-from caravanserai.runs.view import inspect_run
+from caravanserai.runs.index import indexed
 from caravanserai.stores import Store, open_store
 
 from .panel import Panel
@@ -37,17 +35,16 @@ class RunsList(Panel):
 
     def _poll(self) -> bool:
         store = self._store
-        ids = store.list()
-        changed = set(ids) != set(self._rows_by_id)
-        for run_id in ids:
-            stamp = store.last_updated(run_id)
-            if run_id in self._rows_by_id and self._stamps.get(run_id) == stamp:
-                continue
-            self._stamps[run_id] = stamp
-            self._rows_by_id[run_id] = _run_row(run_id, store)
-            changed = True
-        for gone in set(self._rows_by_id) - set(ids):
-            self._rows_by_id.pop(gone)
+        versions = store.journal_versions()  # one cheap pass; only runs that changed are read again
+        changed_ids = {r: v for r, v in versions.items() if self._stamps.get(r) != v or r not in self._rows_by_id}
+        gone = set(self._rows_by_id) - set(versions)
+        for run_id, entry in indexed(store, changed_ids).items():
+            self._stamps[run_id] = versions[run_id]
+            self._rows_by_id[run_id] = entry.row
+        for run_id in gone:
+            self._rows_by_id.pop(run_id)
+            self._stamps.pop(run_id, None)
+        changed = bool(changed_ids or gone)
         if changed:
             self._all = sorted(self._rows_by_id.values(), key=lambda r: r.get("updated_at") or "", reverse=True)
         self.show_error(None, reading=True)
@@ -64,13 +61,6 @@ class RunsList(Panel):
         if self.on_open is not None:
             self.on_open(row["run_id"])
         return {"title": f"{row['run_id']}: its timeline is below"}
-
-
-def _run_row(run_id: str, store: Store) -> dict:
-    try:
-        return run_summary_row(inspect_run(run_id, store))
-    except CaravanseraiError as exc:
-        return {"run_id": run_id, "status": "damaged", "parent": exc.message}
 
 
 class Runs(ipywidgets.VBox):

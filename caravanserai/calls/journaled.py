@@ -18,7 +18,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any, Protocol, cast
 
-from ..errors import CaravanseraiError, ToolEffectUncertain, ToolFailed
+from ..errors import CaravanseraiError, SerializationError, ToolEffectUncertain, ToolFailed
 from ..journal import RawJSON, canonical, digest, to_json
 from .ledger import Ledger
 from .models import Model, ModelResponse, Usage
@@ -152,19 +152,20 @@ def tool_call(run: Journal, fn: Callable[..., Any], args: dict, *, name: str, pa
         call_id = intent["call_id"]  # re-drive under the same id (and so the same idempotency key)
     else:
         call_id = call_id or ledger.next_call_id(path)
+    journaled_args = _encoded(args, lambda: f"arguments of tool {name!r}")  # refuses non-JSON before anything
     args_sha = digest(args)
-    journaled_args = RawJSON(to_json(args, what=f"arguments of tool {name!r}"), args)
     # A read tool's intent need not be durable before the call: if a crash loses it, the resumed
     # run simply calls the tool again, which a read tool allows. Every other effect's intent is.
     run.append({"type": "tool_intent", "path": path, "tool": name, "call_id": call_id, "effect": effect,
                 "args_sha256": args_sha, "args": journaled_args}, sync=effect != "read")
     key = idempotency_key(run.run_id, path, call_id, args_sha) if effect == "idempotent" else None
-    token = _IDEMPOTENCY_KEY.set(key)
+    # The context variable is set only when it changes: a read tool outside any idempotent one skips it.
+    token = _IDEMPOTENCY_KEY.set(key) if key is not None or _IDEMPOTENCY_KEY.get() is not None else None
     try:
-        kwargs = dict(args)
         if key is not None and "idempotency_key" in _parameters(fn):
-            kwargs["idempotency_key"] = key
-        result = fn(**kwargs)
+            result = fn(**{**args, "idempotency_key": key})
+        else:
+            result = fn(**args)
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as exc:
@@ -172,14 +173,23 @@ def tool_call(run: Journal, fn: Callable[..., Any], args: dict, *, name: str, pa
         run.append({"type": "tool_settled", "path": path, "tool": name, "call_id": call_id, "error": detail})
         raise ToolFailed(f"tool {name!r} call {call_id} failed: {detail}", tool=name, call_id=call_id, detail=detail) from exc
     finally:
-        _IDEMPOTENCY_KEY.reset(token)
+        if token is not None:
+            _IDEMPOTENCY_KEY.reset(token)
     try:
-        encoded = RawJSON(to_json(result, what=f"result of tool {name!r}"), result)
+        encoded = _encoded(result, lambda: f"result of tool {name!r}")
     except CaravanseraiError:
         encoded = RawJSON(to_json(repr(result)), repr(result))
         result = repr(result)
     run.append({"type": "tool_settled", "path": path, "tool": name, "call_id": call_id, "result": encoded})
     return result
+
+
+def _encoded(value: Any, what: Callable[[], str]) -> RawJSON:
+    """``value`` encoded once for the journal; a SerializationError names ``what()`` (built only then)."""
+    try:
+        return RawJSON(to_json(value), value)
+    except SerializationError:
+        return RawJSON(to_json(value, what=what()), value)  # raises again, naming the value
 
 
 def _parameters(fn: Callable[..., Any]) -> set[str]:

@@ -10,14 +10,18 @@ invalidates everything downstream of it, so later steps run again on the new val
 Backends: the deterministic ``fake`` backend (default; outputs are token ids; it keeps a real
 per-token KV cache that grows with the context) and an OpenAI-compatible ``/v1/completions``
 server chosen by ``VLLM_BASE_URL`` (outputs are text; ``cached_tokens`` reported by the server
-is counted as ``tokens_saved``).
+is counted as ``tokens_saved``), and an in-process ``transformers`` model chosen by
+``model_id="local/..."`` or ``CARAVANSERAI_LOCAL_MODEL`` (``local_model``: outputs are text, the
+real KV cache travels in the checkpoint).
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,7 +34,7 @@ __all__ = ["DurableAgent", "FakeBackend", "OpenAICompletionsBackend", "decode_ch
 
 FORMAT = "caravanserai.durable_agent"
 DEFAULT_VLLM_MODEL = "vllm/gemma4"
-BACKENDS = ("fake", "vllm")
+BACKENDS = ("fake", "vllm", "local")
 MAX_STEPS = 1_000_000  # a hard cap on a checkpoint's step count: bounds every loop over data read from bytes
 
 
@@ -123,7 +127,34 @@ def _backend(name: str, model_id: str):
         return FakeBackend(model_id)
     if name == "vllm":
         return OpenAICompletionsBackend(model_id)
+    if name == "local":
+        from .local_model import LocalModelBackend  # torch is imported only here
+
+        return LocalModelBackend(model_id)
     raise fmt.CheckpointFormatError(f"checkpoint needs backend {name!r}, which this caravanserai does not have")
+
+
+def _choose_backend(model_id: str | None) -> tuple[str, str]:
+    """``(backend, model_id)``: a ``local/`` or ``vllm/`` model id, else ``VLLM_BASE_URL``, else
+    ``CARAVANSERAI_LOCAL_MODEL``, else the fake backend."""
+    if model_id is not None and model_id.startswith("local/"):
+        return "local", model_id
+    if os.environ.get("VLLM_BASE_URL") or (model_id or "").startswith("vllm/"):
+        return "vllm", model_id or DEFAULT_VLLM_MODEL
+    local = os.environ.get("CARAVANSERAI_LOCAL_MODEL")
+    if local and model_id is None:
+        return "local", "local/" + local.removeprefix("local/")
+    return "fake", model_id or "fake"
+
+
+def _cache_report(header: dict[str, Any], kv: dict[str, bytes]) -> dict[str, Any]:
+    """The checkpoint's cache section for ``inspect`` (read without a backend): model, tokens covered, bytes."""
+    if header["backend"] == "local":
+        from .local_model import cache_section
+
+        return cache_section(header["model_id"], kv)
+    size = sum(len(blob) for blob in kv.values())
+    return {"model": header["model_id"], "tokens": size // FakeBackend.ENTRY_BYTES, "bytes": size}
 
 
 def _graph(steps: int) -> list[dict]:
@@ -133,23 +164,6 @@ def _graph(steps: int) -> list[dict]:
         deps = [prompt_id(i)] + ([step_id(i - 1)] if i else [])
         nodes.append({"id": step_id(i), "kind": "step", "step": i, "deps": deps})
     return nodes
-
-
-def _downstream(graph: list[dict], node_id: str) -> set[str]:
-    """Every node that depends, directly or not, on ``node_id`` (one pass over a reverse index)."""
-    dependents: dict[str, list[str]] = {}
-    for node in graph:
-        for dep in node["deps"]:
-            dependents.setdefault(dep, []).append(node["id"])
-    found: set[str] = set()
-    frontier = [node_id]
-    while frontier:
-        current = frontier.pop()
-        for child in dependents.get(current, ()):
-            if child not in found:
-                found.add(child)
-                frontier.append(child)
-    return found
 
 
 class DurableAgent:
@@ -172,13 +186,15 @@ class DurableAgent:
             raise UsageError(f"begin() takes model_id as a str such as 'vllm/gemma4', got {type(model_id).__name__}")
         for i, prompt in enumerate(prompts):
             _check_json_value(prompt_id(i), prompt)  # a checkpoint must be able to hold every prompt
-        use_server = bool(os.environ.get("VLLM_BASE_URL")) or (model_id or "").startswith("vllm/")
-        backend = "vllm" if use_server else "fake"
-        model_id = model_id or (DEFAULT_VLLM_MODEL if use_server else "fake")
+        backend, model_id = _choose_backend(model_id)
+        if backend == "local":
+            from .local_model import choose_model
+
+            choose_model(model_id)  # chosen by code: checkpoints of this run may load it again
         runtime = _backend(backend, model_id)  # first: a failure leaves this agent as it was
         values: dict[str, Any] = {prompt_id(i): p for i, p in enumerate(prompts)}
         self._header = {"format": FORMAT, "backend": backend, "model_id": model_id, "steps": len(prompts),
-                        "graph": _graph(len(prompts)), "values": values}
+                        "graph": _expected_graph(len(prompts)), "values": values}
         self._kv = {}
         self._backend = runtime
         self.computed_steps = []
@@ -207,6 +223,9 @@ class DurableAgent:
 
     def cache_size(self) -> int:
         """Tokens in the KV cache (restored with a checkpoint, grown by each computed step)."""
+        counter = getattr(self._backend, "cache_tokens", None)
+        if counter is not None:
+            return counter(self._kv)
         return sum(len(blob) for blob in self._kv.values()) // FakeBackend.ENTRY_BYTES
 
     # ---- running -------------------------------------------------------------------------
@@ -222,20 +241,27 @@ class DurableAgent:
             _objects(store).put(_key(key), blob)
         return blob
 
-    def resume_from(self, ckpt: bytes | None = None, *, store: Any = None, key: str | None = None) -> list[Any]:
-        """Load a checkpoint (bytes, or ``store``/``key``) and run it to completion; returns step outputs."""
+    def resume_from(self, ckpt: bytes | None = None, *, store: Any = None, key: str | None = None,
+                    reprefill: bool = False, model_id: str | None = None) -> list[Any]:
+        """Load a checkpoint (bytes, or ``store``/``key``) and run it to completion; returns step outputs.
+
+        On the local backend a KV cache made by another model, revision or dtype raises
+        ``ModelFingerprintMismatch``; ``reprefill=True`` drops the cache and recomputes it instead.
+        ``model_id="local/<folder>"`` loads that folder (a checkpoint naming a folder this process
+        did not choose raises ``ModelNotChosen``: data never picks the files to load).
+        """
         if ckpt is None:
             if store is None:
                 raise UsageError("resume_from() needs checkpoint bytes, or store= and key=")
             ckpt = _objects(store).get(_key(key))
-        self._load(ckpt)
+        self._load(ckpt, reprefill=reprefill, model_id=model_id)
         for step in range(self._require()["steps"]):
             self._execute(step)
         return self.step_outputs()
 
-    def load(self, ckpt: bytes) -> DurableAgent:
+    def load(self, ckpt: bytes, *, reprefill: bool = False, model_id: str | None = None) -> DurableAgent:
         """Load a checkpoint without running anything (``run_step`` then runs what is pending)."""
-        self._load(ckpt)
+        self._load(ckpt, reprefill=reprefill, model_id=model_id)
         return self
 
     def pending_steps(self) -> list[int]:
@@ -260,7 +286,9 @@ class DurableAgent:
 
     def checkpoint(self) -> bytes:
         """The current run state as checkpoint bytes (deterministic)."""
-        return fmt.encode(fmt.CheckpointData(self._require(), dict(self._kv)))
+        header = self._require()
+        _graph_json(header["steps"])  # its graph is encoded once per process, not at every checkpoint
+        return fmt.encode(fmt.CheckpointData(header, dict(self._kv)))
 
     # ---- reading and editing checkpoints without a runtime --------------------------------
     @staticmethod
@@ -269,6 +297,7 @@ class DurableAgent:
         data = _decode(ckpt)
         header = data.header
         steps, values = header["steps"], header["values"]
+        cache = _cache_report(header, data.kv)
         return {
             "executed_nodes": [step_id(i) for i in range(steps) if step_id(i) in values],
             "pending_nodes": [step_id(i) for i in range(steps) if step_id(i) not in values],
@@ -277,7 +306,8 @@ class DurableAgent:
             "backend": header["backend"],
             "model_id": header["model_id"],
             "steps": steps,
-            "kv_tokens": sum(len(b) for b in data.kv.values()) // FakeBackend.ENTRY_BYTES,
+            "kv_tokens": cache["tokens"],
+            "cache": cache,
             "format_version": fmt.FORMAT_VERSION,
         }
 
@@ -299,23 +329,15 @@ class DurableAgent:
     @staticmethod
     def fork_data(data: fmt.CheckpointData, node_id: str, value: Any) -> fmt.CheckpointData:
         """``fork`` on a decoded, validated checkpoint (``data`` is not modified)."""
+        stale, stale_kv = fork_change(data, node_id, value)
         header = dict(data.header)
-        steps = header["steps"]
-        where = _node_index(node_id, steps)
-        if where is None:
-            raise UnknownNode(f"no node {short(node_id)} in this checkpoint; its nodes are {_known_nodes(steps)} "
-                              "(node ids count from 0: step N's prompt is prompt-<N-1>)", node_id=short(node_id))
-        if where[0] == "prompt" and not isinstance(value, str):
-            raise UsageError(f"prompt node {node_id} takes a str, got {type(value).__name__}; pass the new prompt text",
-                             node_id=node_id)
-        _check_json_value(node_id, value)
         values = dict(header["values"])
         kv = dict(data.kv)
-        for stale in _downstream(header["graph"], node_id):
-            values.pop(stale, None)
-            kv.pop(stale, None)
+        for key in stale:
+            del values[key]
+        for key in stale_kv:
+            del kv[key]
         values[node_id] = value
-        kv.pop(node_id, None)
         header["values"] = values
         return fmt.CheckpointData(header, kv)
 
@@ -325,11 +347,23 @@ class DurableAgent:
             raise AgentNotStarted("this DurableAgent has no run: call begin(prompts) or resume_from(checkpoint)")
         return self._header
 
-    def _load(self, ckpt: bytes) -> None:
+    def _load(self, ckpt: bytes, reprefill: bool = False, model_id: str | None = None) -> None:
         data = _decode(ckpt)
-        runtime = _backend(data.header["backend"], data.header["model_id"])  # first: a failure changes nothing
+        backend, model = data.header["backend"], data.header["model_id"]
+        if backend == "local":
+            from .local_model import check_chosen, choose_model
+
+            if model_id is not None:
+                if not isinstance(model_id, str) or not model_id.startswith("local/"):
+                    raise UsageError(f"model_id for a local checkpoint is 'local/<name or folder>', got {model_id!r}")
+                choose_model(model_id)
+                model = model_id  # the caller's copy of the model; the KV fingerprint proves it is the same
+            check_chosen(model)
+        runtime = _backend(backend, model)  # first: a failure changes nothing
+        adopt = getattr(runtime, "adopt", None)  # the local backend checks the cache's model fingerprint
+        kv = adopt(dict(data.kv), reprefill=reprefill) if adopt is not None else dict(data.kv)
         self._header = data.header
-        self._kv = dict(data.kv)
+        self._kv = kv
         self._backend = runtime
         self.computed_steps = []
 
@@ -339,16 +373,65 @@ class DurableAgent:
         if sid in values:
             return  # completed steps are never recomputed
         previous = values.get(step_id(step - 1)) if step else None
-        output, kv = self._backend.generate(values[prompt_id(step)], previous)
+        run_step = getattr(self._backend, "run_step", None)  # the local backend reads the whole transcript
+        if run_step is not None:
+            output, kv = run_step(step, values, self._kv)
+        else:
+            output, kv = self._backend.generate(values[prompt_id(step)], previous)
         values[sid] = output
         if kv:
             self._kv[sid] = kv
         self.computed_steps.append(step)
 
 
+def fork_change(data: fmt.CheckpointData, node_id: str, value: Any,
+                steps_held: Sequence[str] | None = None) -> tuple[list[str], list[str]]:
+    """Check a fork of ``data`` (decoded, validated) and name what it undoes: the value keys and the KV
+    keys (``node_id``'s own entry too) it drops. Downstream of prompt-k / step-k is step-k / step-(k+1)
+    onward (the graph is the fixed one ``validate_header`` checks), so the cost is the smaller of
+    the steps after the node and the steps held (``steps_held``: the step keys of ``values``, if the
+    caller has them): the size of the change, never the whole graph.
+    """
+    steps = data.header["steps"]
+    where = _node_index(node_id, steps)
+    if where is None:
+        raise UnknownNode(f"no node {short(node_id)} in this checkpoint; its nodes are {_known_nodes(steps)} "
+                          "(node ids count from 0: step N's prompt is prompt-<N-1>)", node_id=short(node_id))
+    if where[0] == "prompt" and not isinstance(value, str):
+        raise UsageError(f"prompt node {node_id} takes a str, got {type(value).__name__}; pass the new prompt text",
+                         node_id=node_id)
+    _check_json_value(node_id, value)
+    first = where[1] + (where[0] == "step")  # the first step downstream of the node
+    values, kv = data.header["values"], data.kv
+
+    def held(keys: Any, steps_in_keys: Any) -> list[str]:  # the keys of steps >= first that ``keys`` holds
+        if steps - first <= len(steps_in_keys):
+            return [key for key in map(step_id, range(first, steps)) if key in keys]
+        return sorted(k for k in steps_in_keys if (_node_index(k, steps) or ("", -1)) >= ("step", first))
+
+    # values: every prompt (validated), then the steps done (found in C when the caller has no list)
+    stale = held(values, steps_held if steps_held is not None else values.keys() - _prompt_ids(steps))
+    stale_kv = held(kv, kv.keys()) + ([node_id] if node_id in kv else [])
+    return stale, stale_kv
+
+
+_STEPS_FIELD = re.compile(rb'"steps":(\d{1,7})[,}]')
+
+
+def known_fields(raw_header: bytes) -> list[tuple[str, bytes, Any, int]]:
+    """The graph a header most likely holds, already encoded (``steps`` is guessed from the text;
+    ``format.decode`` compares the bytes and parses everything else): a checkpoint's header is
+    mostly its graph, so a decode compares it instead of parsing it."""
+    found = _STEPS_FIELD.search(raw_header)
+    if found is None or not 1 <= int(found[1]) <= MAX_STEPS:
+        return []
+    steps = int(found[1])
+    return [("graph", _graph_json(steps), _expected_graph(steps), 3)]  # 3: list > node > deps
+
+
 def decode_checkpoint(ckpt: Any, what: str = "checkpoint") -> fmt.CheckpointData:
     """Decode and validate a full DurableAgent checkpoint (``CheckpointCorruptionError`` if malformed)."""
-    data = fmt.decode(ckpt, what=what)
+    data = fmt.decode(ckpt, what=what, known=known_fields)
     if data.kind != fmt.FULL:
         raise fmt.CheckpointFormatError(f"{what} is a CheckpointLog delta, not a DurableAgent checkpoint: "
                                         "use log.load(id) to rebuild the full checkpoint")
@@ -384,6 +467,8 @@ def _check_graph(graph: Any, steps: int, what: str) -> None:
     """The graph must be exactly the one ``begin`` builds for ``steps`` steps (length checked before any loop)."""
     if not isinstance(graph, list) or len(graph) != 2 * steps:
         corrupt(what, f"its graph does not hold the {steps} steps its header names")
+    if graph is _expected_graph(steps):
+        return  # the decoder compared its bytes with this very graph's
     if graph == _expected_graph(steps) and all(type(node["step"]) is int for node in graph):
         return  # one comparison in C; == cannot tell 1 from True or 1.0, hence the type check
     for position, node in enumerate(graph):
@@ -397,6 +482,20 @@ def _check_graph(graph: Any, steps: int, what: str) -> None:
 def _expected_graph(steps: int) -> list[dict]:
     """The graph ``begin`` builds for ``steps`` steps (cached: checkpoints of one run share it; never modified)."""
     return _graph(steps)
+
+
+@functools.lru_cache(maxsize=4)
+def _prompt_ids(steps: int) -> frozenset[str]:
+    return frozenset(map(prompt_id, range(steps)))
+
+
+@functools.lru_cache(maxsize=4)
+def _graph_json(steps: int) -> bytes:
+    """The canonical JSON of ``_expected_graph(steps)``, encoded once (most of a header's bytes)."""
+    graph = _expected_graph(steps)
+    encoded = fmt.canonical_json(graph)
+    fmt.remember_encoding(graph, encoded)
+    return encoded
 
 
 def _graph_node(position: int) -> dict[str, Any]:
@@ -416,6 +515,8 @@ def _check_values(values: Any, steps: int, what: str) -> None:
         for key in values:
             if _node_index(key, steps) is None:
                 corrupt(what, f"its values name {short(key)}, which is no node of its graph")
+    if {*map(type, map(values.get, _prompt_ids(steps)))} == {str}:
+        return  # every prompt a str, checked in C; the loop below names the first that is not
     for i in range(steps):  # bounded: steps == len(graph) / 2, checked first
         if not isinstance(values.get(prompt_id(i)), str):
             corrupt(what, f"its prompt {prompt_id(i)} is missing or not a string")
@@ -428,6 +529,9 @@ def _node_ids(steps: int) -> frozenset[str]:
 
 def _check_kv(kv: dict[str, bytes], values: dict[str, Any], backend: str, what: str) -> None:
     """KV entries belong to executed steps; on the fake backend they are whole cache entries."""
+    if (kv.keys() <= values.keys() and all(map(str.startswith, kv, itertools.repeat("step-")))
+            and (backend != "fake" or not any(n % FakeBackend.ENTRY_BYTES for n in {*map(len, kv.values())}))):
+        return  # checked in C (values' keys are node ids, so str); the loop below names what is wrong
     for key, blob in kv.items():
         if not key.startswith("step-") or key not in values:
             corrupt(what, f"it has a KV entry for {short(key)}, which is no executed step")

@@ -15,7 +15,7 @@ import json
 import os
 import re
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -23,7 +23,7 @@ from ..errors import AmbiguousId, InvalidRunId, ObjectNotFound, RunExists, Usage
 from ..runs.lifecycle import append_event
 from ..stores.base import ObjectStore, Store
 from . import format as fmt
-from .agent import DurableAgent, decode_checkpoint, step_id, validate_header
+from .agent import FakeBackend, decode_checkpoint, fork_change, known_fields, validate_header
 from .format import CheckpointCorruptionError, CheckpointFormatError, checkpoint_id, corrupt, is_count, short
 
 __all__ = ["CheckpointLog", "CheckpointRecord", "checkpoint_from_file_or_log", "find_checkpoint", "log_status"]
@@ -118,18 +118,25 @@ def _is_run_id(value: Any) -> bool:
 
 
 # ---- deltas ---------------------------------------------------------------------------------
-def make_delta(parent: fmt.CheckpointData, child: fmt.CheckpointData, parent_id: str) -> bytes:
-    """Only what changed from ``parent`` to ``child``: values set/removed, KV entries set/removed."""
+def make_delta(parent: fmt.CheckpointData, child: fmt.CheckpointData, parent_id: str, *,
+               touched: tuple[Iterable[str], Iterable[str]] | None = None) -> bytes:
+    """Only what changed from ``parent`` to ``child``: values set/removed, KV entries set/removed.
+
+    ``touched`` = ``(value keys, KV keys)`` outside which the two are known to agree (a fork, new
+    steps): only those keys are compared, so the delta costs the size of the change.
+    """
     pv, cv = parent.header.get("values", {}), child.header.get("values", {})
+    pk, ck = parent.kv, child.kv
+    vkeys, kkeys = (pv.keys() | cv.keys(), pk.keys() | ck.keys()) if touched is None else touched
     header = {
         "format": DELTA_FORMAT,
         "base": parent_id,
         "header": {k: v for k, v in child.header.items() if k != "values" and parent.header.get(k) != v},
-        "values_set": {k: v for k, v in cv.items() if k not in pv or pv[k] != v},
-        "values_removed": sorted(k for k in pv if k not in cv),
-        "kv_removed": sorted(k for k in parent.kv if k not in child.kv),
+        "values_set": {k: cv[k] for k in vkeys if k in cv and (k not in pv or pv[k] != cv[k])},
+        "values_removed": sorted({k for k in vkeys if k in pv and k not in cv}),
+        "kv_removed": sorted({k for k in kkeys if k in pk and k not in ck}),
     }
-    kv = {k: v for k, v in child.kv.items() if parent.kv.get(k) != v}
+    kv = {k: ck[k] for k in kkeys if k in ck and pk.get(k) != ck[k]}
     return fmt.encode(fmt.CheckpointData(header, kv, fmt.DELTA))
 
 
@@ -151,16 +158,71 @@ def check_delta(delta: fmt.CheckpointData, base: str, what: str) -> None:
             corrupt(what, f"its {name} is not a list of node ids")
 
 
-def apply_delta(parent: fmt.CheckpointData, delta: fmt.CheckpointData) -> fmt.CheckpointData:
-    """``parent`` with ``delta`` applied (both already checked: a validated full checkpoint and ``check_delta``)."""
-    header = {**parent.header, **delta.header["header"]}
-    removed_values, removed_kv = set(delta.header["values_removed"]), set(delta.header["kv_removed"])
-    values = {k: v for k, v in parent.header.get("values", {}).items() if k not in removed_values}
-    values.update(delta.header["values_set"])
+def apply_delta(parent: fmt.CheckpointData, *deltas: fmt.CheckpointData) -> fmt.CheckpointData:
+    """``parent`` with ``deltas`` applied in order (all already checked: a validated full checkpoint and
+    ``check_delta``), on one copy: a chain costs its checkpoint's size once plus its changes."""
+    header = dict(parent.header)
+    values = dict(parent.header.get("values", {}))
+    kv = dict(parent.kv)
+    for delta in deltas:
+        header.update(delta.header["header"])
+        for key in delta.header["values_removed"]:
+            values.pop(key, None)
+        values.update(delta.header["values_set"])
+        for key in delta.header["kv_removed"]:
+            kv.pop(key, None)
+        kv.update(delta.kv)
     header["values"] = values
-    kv = {k: v for k, v in parent.kv.items() if k not in removed_kv}
-    kv.update(delta.kv)
     return fmt.CheckpointData(header, kv)
+
+
+def _apply_to_sections(parent: fmt.Sections, delta: fmt.CheckpointData) -> fmt.Sections:
+    """``apply_delta`` on already-encoded sections: only the delta's keys are encoded."""
+    changes = delta.header
+    return parent.edit(changes["values_set"], changes["values_removed"], delta.kv, changes["kv_removed"])
+
+
+def _decode_full(ckpt: Any) -> tuple[fmt.Sections, str]:
+    """A full checkpoint decoded, validated and checked to be in canonical form (the bytes ``encode``
+    gives, so its id is the SHA-256 of canonical bytes), and its id: the digest check and the id
+    are one SHA-256 pass, and the canonical check compares the header's bytes (the header holds the
+    sorted kv_index, and decode checked that the KV bytes fill the rest in its order)."""
+    data, cid = fmt.decode_identified(ckpt, known=known_fields)
+    if data.kind != fmt.FULL:
+        decode_checkpoint(ckpt)  # raises the error that names log.load for a delta
+    validate_header(data, "checkpoint")
+    sections = fmt.Sections(data)
+    head = sections.head()
+    hlen = int.from_bytes(bytes(ckpt[fmt.HEADER_AT - 4:fmt.HEADER_AT]), "little")
+    if hlen != len(head) or bytes(ckpt[fmt.HEADER_AT:fmt.HEADER_AT + hlen]) != head:
+        corrupt("checkpoint", "it is not in canonical form (sorted keys, no spaces, KV entries in key order)",
+                fix="commit the bytes DurableAgent.checkpoint or run_until_step returned")
+    return sections, cid
+
+
+_STEP_KEY = re.compile(r"step-(0|[1-9][0-9]*)")
+
+
+def _check_change(data: fmt.CheckpointData, values_set: dict[str, Any], kv_set: dict[str, bytes]) -> None:
+    """New step values and KV entries for a validated checkpoint, checked as ``validate_header`` would
+    check them in the whole (only the keys that change: the result stays a valid checkpoint)."""
+    what = "the change to commit"
+    steps, backend = data.header["steps"], data.header["backend"]
+    for key, value in values_set.items():
+        found = _STEP_KEY.fullmatch(key) if isinstance(key, str) else None
+        if found is None or int(found[1]) >= steps:
+            corrupt(what, f"it sets {short(key)}, which is no step of this checkpoint", fix="set step outputs only")
+        try:
+            fmt.canonical_json(value)
+        except (TypeError, ValueError, RecursionError):
+            corrupt(what, f"its value for {key} is not JSON", fix="set JSON values only")
+        if fmt.too_deep(value):
+            corrupt(what, f"its value for {key} nests too deep", fix="set flatter values")
+    for key, blob in kv_set.items():
+        if not (isinstance(key, str) and key.startswith("step-") and (key in values_set or key in data.header["values"])):
+            corrupt(what, f"it has a KV entry for {short(key)}, which is no executed step", fix="send the step too")
+        if not isinstance(blob, bytes) or (backend == "fake" and len(blob) % FakeBackend.ENTRY_BYTES):
+            corrupt(what, f"its KV entry for {key} is not whole cache entries", fix="send the backend's KV bytes")
 
 
 class CheckpointLog:
@@ -182,7 +244,7 @@ class CheckpointLog:
         self.objects: ObjectStore = store.objects if isinstance(store, Store) else store
         self.max_chain = max_chain
         self.prefix = prefix
-        self._cache: OrderedDict[str, fmt.CheckpointData] = OrderedDict()
+        self._cache: OrderedDict[str, fmt.Sections] = OrderedDict()  # verified checkpoints, encoded pieces kept
 
     # ---- keys ----------------------------------------------------------------------------
     def _object_key(self, cid: str, base: str | None = None, run_id: str | None = None) -> str:
@@ -228,37 +290,61 @@ class CheckpointLog:
         (``[{"index", "tokens", "latency_s", "tokens_saved"}]`` for the steps computed since
         ``parent``) goes into the journal event, for per-step figures in Compare and ``diff``.
         """
-        data = decode_checkpoint(ckpt)  # first: anything but a valid checkpoint is refused before a write
-        return self._commit(bytes(ckpt), data, parent, step, fork=fork, parent_run=parent_run, usage=usage)
+        sections, cid = _decode_full(ckpt)  # first: anything but a valid checkpoint is refused before a write
+        return self._commit(sections, (cid, len(ckpt)), parent, step, fork=fork, parent_run=parent_run,
+                            usage=usage, blob=bytes(ckpt))
 
-    def _commit(self, ckpt: bytes, data: fmt.CheckpointData, parent: str | None, step: int | None, *,
-                fork: dict | None = None, parent_run: str | None = None, usage: list[dict] | None = None) -> str:
-        """``commit`` of a checkpoint already decoded and validated (``data`` is ``ckpt`` decoded)."""
+    def commit_change(self, parent: str, values_set: dict[str, Any], kv_set: dict[str, bytes] | None = None,
+                      step: int | None = None, *, usage: list[dict] | None = None) -> str:
+        """Commit ``parent`` (an id or a unique prefix) with new values and KV entries (the steps a resume
+        just ran); returns the new id. Only the change is encoded and compared, and the id is one
+        SHA-256 pass: the same checkpoint, id and stored delta as ``commit(agent.checkpoint(), parent)``.
+        Every changed key is checked as a checkpoint's would be (``CheckpointCorruptionError``) before a write.
+        """
+        parent = self.resolve(parent)
+        source = self._load_sections(parent)
+        kv_set = kv_set or {}
+        _check_change(source.data, values_set, kv_set)
+        sections = source.edit(values_set, (), kv_set, ())
+        return self._commit(sections, sections.identify(), parent, step, usage=usage,
+                            touched=(list(values_set), list(kv_set)))
+
+    def _commit(self, sections: fmt.Sections, identity: tuple[str, int], parent: str | None, step: int | None, *,
+                fork: dict | None = None, parent_run: str | None = None, usage: list[dict] | None = None,
+                touched: tuple[list[str], list[str]] | None = None, blob: bytes | None = None,
+                parent_record: CheckpointRecord | None = None) -> str:
+        """``commit`` of a checkpoint already validated: its sections, ``(id, size)``, its bytes if the
+        caller has them, the keys it may differ from ``parent`` in (``make_delta``'s ``touched``) and
+        the parent's record if the caller read it."""
         if step is not None and not is_count(step):
             raise UsageError(f"commit() takes step as a whole number >= 0 or None, got {short(step)}")
         if parent_run is not None and not (_is_run_id(parent_run) and _is_id(parent)):
             raise UsageError("commit() with parent_run= needs the full id of a checkpoint of that run as parent=")
-        cid = checkpoint_id(ckpt)
+        cid, size = identity
         if self.objects.exists(self._record_key(cid)):
             return cid
-        base, depth, blob = None, 0, ckpt
+        data = sections.data
+        base, depth, stored = None, 0, None
         if parent is not None and parent_run is None:
             parent = self.resolve(parent)
-            parent_record = self.record(parent)
+            if parent_record is None or parent_record.id != parent or parent_record.run_id != self.run_id:
+                parent_record = self.record(parent)
             if parent_record.depth + 1 <= self.max_chain:
                 base, depth = parent, parent_record.depth + 1
-                blob = make_delta(self._load_data(parent), data, parent)
+                stored = make_delta(self._load_sections(parent).data, data, parent, touched=touched)
+        if stored is None:
+            stored = blob if blob is not None else sections.to_bytes()
         record = CheckpointRecord(cid, self.run_id, parent, parent_run, base, depth, step, fork,
-                                  "delta" if base else "full", len(blob), len(ckpt))
-        self.objects.put_if_absent(self._object_key(cid, base), blob)
+                                  "delta" if base else "full", len(stored), size)
+        self.objects.put_if_absent(self._object_key(cid, base), stored)
         written = self.objects.put_if_absent(self._record_key(cid), record.to_json())
-        self._remember(cid, data)
+        self._remember(cid, sections)
         if written:
             steps, values = data.header["steps"], data.header["values"]
             self._journal({"type": "checkpoint_committed", "checkpoint_id": cid, "parent": parent, "step": step,
                            "kind": record.kind, "depth": depth, "stored_bytes": record.stored_bytes,
                            "checkpoint_bytes": record.checkpoint_bytes, "steps": steps,
-                           "steps_done": sum(1 for i in range(steps) if step_id(i) in values),
+                           "steps_done": len(values) - steps,  # validated: every prompt, and only node ids
                            **({"fork": fork} if fork else {}), **({"usage": usage} if usage else {})})
         return cid
 
@@ -272,20 +358,25 @@ class CheckpointLog:
         """
         checkpoint = self.resolve(checkpoint)
         source = self.record(checkpoint)
-        data = DurableAgent.fork_data(self.load_data(checkpoint), node_id, value)
-        forked = fmt.encode(data)
+        loaded = self._load_sections(checkpoint)
+        stale, stale_kv = fork_change(loaded.data, node_id, value, loaded.keys_from("step-"))
+        # Only the edit is encoded; the rest of the new checkpoint is the source's encoded pieces.
+        sections = loaded.edit({node_id: value}, stale, None, stale_kv)
+        identity = sections.identify()
+        touched = ([node_id, *stale], stale_kv)
         if new_run_id is not None:
             self._check_free(new_run_id)
         edit = {"node_id": node_id, "value": value, "source": checkpoint}
         if new_run_id is None:
-            cid = self._commit(forked, data, checkpoint, source.step, fork=edit)
+            cid = self._commit(sections, identity, checkpoint, source.step, fork=edit, touched=touched,
+                               parent_record=source)
             self._journal({"type": "forked", "checkpoint_id": cid, "source": checkpoint, "node_id": node_id})
             return cid
         child = CheckpointLog(self.store or self.objects, new_run_id, max_chain=self.max_chain, prefix=self.prefix)
-        child._journal({"type": "forked", "checkpoint_id": checkpoint_id(forked), "source": checkpoint,
+        child._journal({"type": "forked", "checkpoint_id": identity[0], "source": checkpoint,
                         "parent_run": self.run_id, "node_id": node_id},
                        forked_from={"run_id": self.run_id, "checkpoint_id": checkpoint})
-        cid = child._commit(forked, data, checkpoint, source.step, fork=edit, parent_run=self.run_id)
+        cid = child._commit(sections, identity, checkpoint, source.step, fork=edit, parent_run=self.run_id)
         self._journal({"type": "forked", "checkpoint_id": cid, "source": checkpoint, "new_run_id": new_run_id,
                        "node_id": node_id})
         return cid
@@ -348,36 +439,47 @@ class CheckpointLog:
 
     def load_data(self, checkpoint: str) -> fmt.CheckpointData:
         """The checkpoint decoded (an id or a unique prefix), verified against its id; read it, do not modify it."""
-        return self._load_data(self.resolve(checkpoint))
+        return self._load_sections(self.resolve(checkpoint)).data
 
     def load(self, checkpoint: str) -> bytes:
         """The full checkpoint (an id or a unique prefix), rebuilt from its delta chain and verified against its id."""
         checkpoint = self.resolve(checkpoint)
-        blob = fmt.encode(self._load_data(checkpoint))
+        blob = self._load_sections(checkpoint).to_bytes()
         if checkpoint_id(blob) != checkpoint:  # also when it came from the cache
-            raise CheckpointCorruptionError(f"checkpoint {checkpoint} rebuilt from the log does not match its id "
-                                            "(a stored object or record was altered)", checkpoint=checkpoint)
+            raise _mismatch(checkpoint)
         return blob
 
-    def _load_data(self, checkpoint: str) -> fmt.CheckpointData:
+    def _load_sections(self, checkpoint: str) -> fmt.Sections:
+        """The checkpoint verified against its id, as encoded sections (cached: the newest few)."""
         cached = self._cache.get(checkpoint)
         if cached is not None:
             self._cache.move_to_end(checkpoint)
             return cached
         chain = self._chain(checkpoint)
+        deltas = [self._read_delta(rec) for rec in reversed(chain) if rec.base is not None]
         start = self._cache.get(chain[-1].base) if chain[-1].base is not None else None
-        data = self._apply_object(chain[-1], start)  # _chain returns at least the checkpoint's own record
-        for rec in reversed(chain[:-1]):
-            data = self._apply_object(rec, data)
+        if start is None:  # the chain starts at a full object: its digest check gives its id in the same pass
+            data, cid = self._read_full(chain[-1])
+            if cid != chain[-1].id:
+                raise _mismatch(checkpoint)
+            sections = fmt.Sections(apply_delta(data, *deltas)) if deltas else fmt.Sections(data)
+        elif start._values is not None:  # a cached base with its items encoded: only each delta's keys encoded
+            sections = start
+            for delta in deltas:
+                if delta.header["header"]:
+                    sections = fmt.Sections(apply_delta(sections.data, delta))
+                else:
+                    sections = _apply_to_sections(sections, delta)
+        else:
+            sections = fmt.Sections(apply_delta(start.data, *deltas))
         # Each stored object carries its own digest (checked by decode); the rebuilt checkpoint is
         # verified against its id once, at the end of the chain, not at every link.
-        if checkpoint_id(fmt.encode(data)) != checkpoint:
-            raise CheckpointCorruptionError(f"checkpoint {checkpoint} rebuilt from the log does not match its id "
-                                            "(a stored object or record was altered)", checkpoint=checkpoint)
-        if chain[0].base is not None:  # rebuilt from deltas: check the result as a whole too
-            validate_header(data, f"checkpoint {checkpoint}")
-        self._remember(checkpoint, data)
-        return data
+        if deltas and sections.identify()[0] != checkpoint:
+            raise _mismatch(checkpoint)
+        if deltas:  # rebuilt from deltas: check the result as a whole too
+            validate_header(sections.data, f"checkpoint {checkpoint}")
+        self._remember(checkpoint, sections)
+        return sections
 
     def _chain(self, checkpoint: str) -> list[CheckpointRecord]:
         """Records from ``checkpoint`` back along delta bases to a full one (or a cached one).
@@ -396,26 +498,36 @@ class CheckpointLog:
             chain.append(rec)
         return chain
 
-    def _apply_object(self, rec: CheckpointRecord, data: fmt.CheckpointData | None) -> fmt.CheckpointData:
-        """Read ``rec``'s stored object; a full one is the checkpoint, a delta is applied to ``data``."""
+    def _read_object(self, rec: CheckpointRecord) -> tuple[fmt.CheckpointData, str]:
+        """Read and decode ``rec``'s stored object, and the SHA-256 of its bytes."""
         what = f"stored object of checkpoint {rec.id}"
         try:
-            stored = fmt.decode(self.objects.get(self._object_key(rec.id, rec.base)), what=what)
+            raw = self.objects.get(self._object_key(rec.id, rec.base))
         except ObjectNotFound:
             raise CheckpointCorruptionError(f"{what} is missing from the store", checkpoint=rec.id) from None
+        try:
+            return fmt.decode_identified(raw, what=what, known=known_fields if rec.base is None else None)
         except CheckpointFormatError as exc:  # a stored object was written by us: unreadable means damaged
             raise CheckpointCorruptionError(f"{what} is damaged ({exc.message})", checkpoint=rec.id) from None
-        if rec.base is None:
-            if stored.kind != fmt.FULL:
-                corrupt(what, "its record says full but it is a delta", checkpoint=rec.id)
-            validate_header(stored, what)
-            return stored
-        check_delta(stored, rec.base, what)
-        assert data is not None  # a chain starts at a full checkpoint or a cached base: a delta's base is built
-        return apply_delta(data, stored)
 
-    def _remember(self, cid: str, data: fmt.CheckpointData) -> None:
-        self._cache[cid] = data
+    def _read_full(self, rec: CheckpointRecord) -> tuple[fmt.CheckpointData, str]:
+        """A full stored object, validated, and its id."""
+        stored, cid = self._read_object(rec)
+        what = f"stored object of checkpoint {rec.id}"
+        if stored.kind != fmt.FULL:
+            corrupt(what, "its record says full but it is a delta", checkpoint=rec.id)
+        validate_header(stored, what)
+        return stored, cid
+
+    def _read_delta(self, rec: CheckpointRecord) -> fmt.CheckpointData:
+        """A delta stored object, checked against the base its record names."""
+        assert rec.base is not None
+        stored, _ = self._read_object(rec)
+        check_delta(stored, rec.base, f"stored object of checkpoint {rec.id}")
+        return stored
+
+    def _remember(self, cid: str, sections: fmt.Sections) -> None:
+        self._cache[cid] = sections
         self._cache.move_to_end(cid)
         while len(self._cache) > 4:
             self._cache.popitem(last=False)
@@ -474,6 +586,11 @@ def _id_of_record_key(key: str) -> str | None:
     name = key.rsplit("/", 1)[-1]
     cid = name.removesuffix(".json")
     return cid if name.endswith(".json") and _is_id(cid) else None
+
+
+def _mismatch(checkpoint: str) -> CheckpointCorruptionError:
+    return CheckpointCorruptionError(f"checkpoint {checkpoint} rebuilt from the log does not match its id "
+                                     "(a stored object or record was altered)", checkpoint=checkpoint)
 
 
 def _not_found(checkpoint: Any, run_id: str | None) -> ObjectNotFound:

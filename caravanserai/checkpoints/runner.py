@@ -3,6 +3,12 @@
 A step's figures (tokens computed, seconds, tokens the server answered from its prefix cache)
 go into the ``usage`` of the checkpoint that first holds it, so Compare and ``caravanserai diff``
 show per-step cost without recomputing anything.
+
+A commit sends the log only what the steps since the last commit added (their outputs and KV
+entries: ``CheckpointLog.commit_change``), so it costs the size of the change plus one SHA-256,
+not an encode and a decode of the whole run; the bytes and ids are those of
+``commit(agent.checkpoint())``. A backend that may rewrite the KV cache it loaded (the local
+transformers backend) commits the whole checkpoint instead.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .agent import DurableAgent
+from .agent import DurableAgent, step_id
 
 __all__ = ["Progress", "resume_log"]
 
@@ -77,7 +83,16 @@ def resume_log(log: Any, checkpoint: str, *, stop: Any = None, on_progress: Any 
     return progress
 
 
+CHANGE_BACKENDS = ("fake", "vllm")  # a step adds its output and its KV entry, and changes nothing else
+
+
 def _commit(log: Any, agent: DurableAgent, progress: Progress, index: int) -> None:
-    progress.head = log.commit(agent.checkpoint(), parent=progress.head, step=index, usage=progress.usage)
+    if agent.backend in CHANGE_BACKENDS and hasattr(log, "commit_change"):
+        values, kv = agent._require()["values"], agent._kv  # read only: what the steps since the last commit added
+        added = [step_id(row["index"]) for row in progress.usage]
+        progress.head = log.commit_change(progress.head, {k: values[k] for k in added},
+                                          {k: kv[k] for k in added if k in kv}, step=index, usage=progress.usage)
+    else:
+        progress.head = log.commit(agent.checkpoint(), parent=progress.head, step=index, usage=progress.usage)
     progress.usage = []
     progress.commits += 1

@@ -121,16 +121,8 @@ def _done(note: str, fallback: int) -> int:
 
 
 def run_summary_row(view: RunView) -> dict:
-    """The header of a run's panels."""
-    receipt = view.receipt
-    checkpoints = view.checkpoints
-    return {"run_id": view.run_id, "status": view.status, "attempts": len(view.attempts),
-            "waypoints": len(view.waypoints), "calls": len(view.calls), "tokens": receipt.tokens,
-            "usd": receipt.estimated_usd, "unpriced": receipt.unpriced,
-            "replayed": sum(len(c.replayed_in) for c in view.calls), "events": view.events,
-            "parent": view.parent.run_id if view.parent else None, "updated_at": view.updated_at,
-            "steps": checkpoints.steps if checkpoints else None,
-            "steps_done": checkpoints.steps_done if checkpoints else None}
+    """The header of a run's panels (``RunView.as_row``, the Runs panel's row)."""
+    return view.as_row()
 
 
 def raise_missing(run_id: str, store: Store) -> None:

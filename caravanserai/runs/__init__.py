@@ -7,6 +7,7 @@ and ``values`` save a namespace's variables; ``summary`` classifies a journal; `
 an uncertain tool call by hand; ``openai_client`` journals an OpenAI client's calls.
 """
 
+from .index import list_runs  # importing the index also installs its attempt-end hook
 from .lifecycle import (
     RunScope,
     append_event,
@@ -35,6 +36,7 @@ __all__ = [
     "identity_fields",
     "inspect_run",
     "launch_info",
+    "list_runs",
     "open_checked",
     "open_run",
     "read_events",

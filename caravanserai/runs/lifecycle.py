@@ -16,7 +16,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal
 
@@ -57,7 +57,7 @@ class Registry:
             except BaseException:
                 lease.release()
                 raise
-            run.on_close = self.forget
+            run.on_close = self._attempt_ended if attempt else self.forget
             self._runs[(store.url, run_id)] = run
             return run
 
@@ -65,6 +65,15 @@ class Registry:
         with self._lock:
             if self._runs.get((run.store.url, run.run_id)) is run:
                 del self._runs[(run.store.url, run.run_id)]
+
+    def _attempt_ended(self, run: Run) -> None:
+        """Forget ``run``, then tell ``attempt_end_hooks`` (the run index refreshes its entry there)."""
+        self.forget(run)
+        for hook in attempt_end_hooks:
+            try:
+                hook(run)
+            except Exception:
+                pass  # what hooks keep (the run index) is derived from the journal, which is already durable
 
     def close_all(self) -> None:
         """Close every run this process has open (at exit; tests simulating a new process)."""
@@ -79,6 +88,10 @@ class Registry:
         self._lock = threading.Lock()
         self._runs = {}
 
+
+#: Called with each run whose attempt just ended (its lease released); ``caravanserai.runs.index``
+#: adds the one that refreshes the run's index entry.
+attempt_end_hooks: list[Callable[[Run], None]] = []
 
 registry = Registry()
 _REGISTRY = registry  # the name earlier releases used

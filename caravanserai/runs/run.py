@@ -125,6 +125,10 @@ class Run:
         """Every event of the run, verified, read back from the store."""
         return journal.decode(self.run_id, self.store.load(self.run_id))[0]
 
+    def journal_length(self) -> int:
+        """Lines in the journal as this writer knows it (what the next append's seq will be)."""
+        return self._lease.next_seq
+
     @property
     def waypoints(self) -> list[Waypoint]:
         return [Waypoint.from_event(e) for e in self.events if e["type"] == "waypoint"]
@@ -165,32 +169,37 @@ class Run:
         with self.lock:
             if self._closed:
                 raise RunClosed(f"run {self.run_id!r} is closed; open it again with durable()", run_id=self.run_id)
-            commits = [i for i, e in enumerate(events) if e["type"] in ("waypoint", "progress")]
-            if self.capture is not None and commits:
-                names = self.capture()  # a notebook cell's variables go with its commits (None: not this one)
-                if names:  # once per append, on its last commit event
+            if self.capture is not None:
+                commits = [i for i, e in enumerate(events) if e["type"] in ("waypoint", "progress")]
+                names = self.capture() if commits else None  # a notebook cell's variables go with its commits
+                if names:  # once per append, on its last commit event (None: not this one)
                     events = tuple({**e, "names": names} if i == commits[-1] else e for i, e in enumerate(events))
-            replays = [{"type": "replayed", "calls": self.replayed}] if self.replayed else []
-            pending = [*self._header, *replays, *events]
-            lines, encoded, tail = journal.encode(pending, self._tail)
+            pending: Sequence[dict] = events
+            if self._header or self.replayed:
+                replays = [{"type": "replayed", "calls": self.replayed}] if self.replayed else []
+                pending = [*self._header, *replays, *events]
+            lines, encoded, stored, tail = journal.encode_stored(pending, self._tail)
             self._lease.renew()
             self.store.append(self.run_id, lines, lease=self._lease, seq=self._tail.seq, sync=sync)
             self._tail = tail
-            self._header, self.replayed = [], []
+            if pending is not events:
+                self._header, self.replayed = [], []
             self._started = True
-            stored = [journal.plain(e) for e in encoded]
             for event in stored:
-                self._index(event)
-                if event["type"] in BOUNDARIES:
+                etype = event["type"]
+                if etype in _INDEXED or "names" in event:  # what _index keeps; journaled calls are the ledger's
+                    self._index(event)
+                if etype in BOUNDARIES:
                     self.ledger.boundary()
             if self.started_event is None:
                 self.started_event = stored[0]
             self.store.committed(self.run_id, encoded)  # in order: views never go backwards
-        for listener in list(self.listeners):
-            try:
-                listener(stored)
-            except Exception:
-                pass  # a display problem must never break a durable append
+        if self.listeners:
+            for listener in list(self.listeners):
+                try:
+                    listener(stored)
+                except Exception:
+                    pass  # a display problem must never break a durable append
         return stored[len(pending) - len(events):]
 
     def checkpoint(self, state: Any, note: Any = "") -> int:

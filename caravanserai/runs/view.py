@@ -307,6 +307,17 @@ class RunView:
             "summary": dict(self.summary),
         }
 
+    def as_row(self) -> dict[str, Any]:
+        """The Runs panel's row and a run panel's header (also kept in the run index)."""
+        receipt, checkpoints = self.receipt, self.checkpoints
+        return {"run_id": self.run_id, "status": self.status, "attempts": len(self.attempts),
+                "waypoints": len(self.waypoints), "calls": len(self.calls), "tokens": receipt.tokens,
+                "usd": receipt.estimated_usd, "unpriced": receipt.unpriced,
+                "replayed": sum(len(c.replayed_in) for c in self.calls), "events": self.events,
+                "parent": self.parent.run_id if self.parent else None, "updated_at": self.updated_at,
+                "steps": checkpoints.steps if checkpoints else None,
+                "steps_done": checkpoints.steps_done if checkpoints else None}
+
     # ---- DataFrames (pandas imported here only) ---------------------------------------------
     def journal_df(self) -> Any:
         """One row per event: seq, at, type, attempt, call_id, summary (see docs/read-model.md)."""

@@ -51,6 +51,14 @@ __all__ = ["IfVersion", "Lease", "ObjectStore", "Objects", "PrefixedObjects", "P
 
 FULL_ERRNOS = frozenset(e for e in (errno.ENOSPC, errno.EFBIG, getattr(errno, "EDQUOT", None)) if e is not None)
 
+#: Where the run index keeps one entry per run in the object face (``caravanserai.runs.index``).
+RUN_INDEX_PREFIX = "runs-index/"
+
+
+def run_index_key(run_id: str) -> str:
+    return f"{RUN_INDEX_PREFIX}{run_id}.json"
+
+
 # open_store()'s cache, URL -> store; Store.close() takes a store out of it.
 _OPEN: dict[str, Store] = {}
 
@@ -238,6 +246,28 @@ class Objects(ABC):
         """``(bytes, version)`` at ``key`` (the version to pass to ``IfVersion``), None if absent."""
         raise self._no_cas("get_versioned()")
 
+    #: GETs ``get_many`` runs at once: more than 1 for remote faces whose calls release the GIL.
+    parallel_gets: int = 1
+
+    def get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
+        """The objects that exist among ``keys``, by key (absent keys are left out): the run index
+        reads one small entry per run. ``parallel_gets`` at a time; a backend that can fetch many
+        in one round trip overrides this (SQL: one query)."""
+        def one(key: str) -> bytes | None:
+            try:
+                return self.get(key)
+            except ObjectNotFound:
+                return None
+
+        if self.parallel_gets > 1 and len(keys) > 1:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(min(self.parallel_gets, len(keys)), thread_name_prefix="caravanserai-get") as pool:
+                bodies = list(pool.map(one, keys))
+        else:
+            bodies = [one(key) for key in keys]
+        return {key: data for key, data in zip(keys, bodies, strict=True) if data is not None}
+
     # ---- derived once, here -------------------------------------------------------------
     def put_if_absent(self, key: str, data: bytes) -> bool:
         """Write ``data`` only if ``key`` is absent; True if written, False if it existed (atomic)."""
@@ -318,6 +348,10 @@ class PrefixedObjects(Objects):
     def get_versioned(self, key: str) -> tuple[bytes, str] | None:
         return self.inner.get_versioned(self._key(key))
 
+    def get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
+        found = self.inner.get_many([self._key(k) for k in keys])
+        return {k: found[self._key(k)] for k in keys if self._key(k) in found}
+
     def exists(self, key: str) -> bool:
         return self.inner.exists(self._key(key))
 
@@ -338,7 +372,8 @@ class Store(ABC):
     Backends implement ``_load``, ``_append`` (a write: the lease and seq are checked here),
     ``_acquire`` (a lease whose ``next_seq`` is the journal's length), ``_remove``, ``list`` and ``objects``
     (and optionally ``_load_held``, ``_last_updated``, ``_torn_tail``, ``_committed``,
-    ``_refresh_views``, ``_close``); the public methods check ids and map errors once, here.
+    ``_refresh_views``, ``_journal_versions``, ``_close``); the public methods check ids and map
+    errors once, here.
     """
 
     scheme: ClassVar[str] = ""
@@ -427,7 +462,12 @@ class Store(ABC):
         """Delete a run (journal and views); True if it existed. RunLocked if a live writer has it."""
         run_id = self._readable(run_id)
         with self._os_errors(f"removing run {run_id!r}"):
-            return self._remove(run_id)
+            removed = self._remove(run_id)
+        try:
+            self.index_delete(run_id)
+        except (CaravanseraiError, OSError):
+            pass  # an index entry without its journal is never read (no version)
+        return removed
 
     @abstractmethod
     def list(self) -> list[str]:
@@ -514,6 +554,42 @@ class Store(ABC):
 
     def _refresh_views(self, run_id: str, events: Sequence[dict] | None, *, writer: bool) -> None:  # noqa: B027 - optional hook
         pass
+
+    # ---- where the run index keeps its entries (``caravanserai.runs.index``) ------------------
+    def index_get_many(self, run_ids: Sequence[str]) -> dict[str, bytes]:
+        """The stored index entries of ``run_ids`` (those that exist), by run id.
+
+        Default: the object face at ``runs-index/<run_id>.json``; the local store keeps each entry
+        in its run's directory.
+        """
+        keys = {run_index_key(r): r for r in run_ids}
+        return {keys[key]: data for key, data in self.objects.get_many(list(keys)).items()}
+
+    def index_put(self, run_id: str, data: bytes) -> None:
+        """Store ``run_id``'s index entry (a cache of its journal: it need not survive a crash)."""
+        self.objects.put(run_index_key(run_id), data)
+
+    def index_delete(self, run_id: str) -> None:
+        self.objects.delete(run_index_key(run_id))
+
+    def journal_versions(self, run_ids: Sequence[str] | None = None) -> dict[str, str]:
+        """A change token per run (every run, or ``run_ids`` that exist): it differs whenever the
+        run's journal changed. The run index keys its entries by it (``caravanserai.runs.index``).
+
+        Backends override ``_journal_versions`` with something cheap (a file size, a row count);
+        the default reads each journal.
+        """
+        wanted = None if run_ids is None else [self._readable(r) for r in run_ids]
+        with self._os_errors("reading the runs' versions"):
+            return self._journal_versions(wanted)
+
+    def _journal_versions(self, run_ids: Sequence[str] | None) -> dict[str, str]:
+        versions = {}
+        for run_id in self.list() if run_ids is None else run_ids:
+            lines = self._load(run_id)
+            if lines:
+                versions[run_id] = f"{len(lines)}:{journal.line_digest(lines[-1])[:16]}"
+        return versions
 
     def last_updated(self, run_id: str) -> float | None:
         """POSIX time of the run's last event, or None."""

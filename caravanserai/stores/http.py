@@ -112,6 +112,8 @@ class HttpObjects(Objects):
     """The service's object face: ``"create"`` puts send ``If-None-Match: *`` (412 when the key exists);
     the protocol has no versions, so no compare-and-swap."""
 
+    parallel_gets = 8  # over the store's httpx connection pool
+
     def __init__(self, store: HttpStore) -> None:
         self.store = store
 
@@ -143,7 +145,7 @@ class HttpObjects(Objects):
         return sorted(self.store._json(self.store._request("GET", "objects", params={"prefix": prefix}))["keys"])
 
     def delete(self, key: str) -> bool:
-        return bool(self.store._json(self.store._request("DELETE", self._path(key)))["deleted"])
+        return bool(self.store._json(self.store._request("DELETE", self._path(key))).get("deleted"))
 
     def __repr__(self) -> str:
         return f"HttpObjects({self.store.url!r})"
@@ -337,6 +339,14 @@ class HttpStore(Store):
 
     def list(self) -> list[str]:
         return sorted(self._json(self._request("GET", "runs"))["runs"])
+
+    def _journal_versions(self, run_ids: Sequence[str] | None) -> dict[str, str]:
+        answer = self._json(self._request("GET", "runs", params={"versions": "1"}))
+        versions = answer.get("versions")
+        if not isinstance(versions, dict):  # a service from before the run index
+            return super()._journal_versions(run_ids)
+        versions = {str(k): str(v) for k, v in versions.items()}
+        return versions if run_ids is None else {r: versions[r] for r in run_ids if r in versions}
 
     def _remove(self, run_id: str) -> bool:
         return bool(self._json(self._request("DELETE", f"runs/{self._run(run_id)}", run_id=run_id))["removed"])

@@ -24,11 +24,25 @@ with ``serve(store_url)`` under uvicorn (``pip install 'caravanserai[http]'``).
 Blocking store calls (fsync, SQL) run in Starlette's thread pool; operations on one run are
 serialised by a lock striped over run ids, different runs proceed in parallel. Routes are small
 module functions ``(app, request, body) -> response`` listed in ``_ROUTES``.
+
+**Group commit.** Appends of different runs that arrive together are flushed together. With a
+SQL backing store (``group_commit``: it has ``append_batch``) the append route runs on the event
+loop: appends queue in the service, the first one schedules a flush right after the current loop
+turn (no timer), the flush checks each member's lease under its run's lock and hands the batch to
+a worker thread for one ``append_batch`` (one COMMIT), and what arrives meanwhile is the next
+batch; one thread hop per batch, not per append. Other backing stores append in the thread pool,
+runs in parallel: a local directory gets one ``fdatasync`` per run's journal, which the file
+system commits together. Each append is answered only once the batch holding it is durable; a
+member refused by its own checks (token, lease, seq, the backing store's fence) gets its own 409
+and the others commit; a failed flush fails every member of the batch. The views hand-off (the
+local store's rendered files) runs after the answer is sent, off the append's latency.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import hashlib
 import hmac
 import json
@@ -36,6 +50,7 @@ import os
 import sys
 import threading
 import time
+import zlib
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -115,17 +130,27 @@ class _Replay:
     def begin(self, key: tuple) -> tuple[int, bytes, str] | None:
         """The recorded answer for ``key``, or None once the caller owns ``key`` (call ``finish``)."""
         while True:
+            found = self.try_begin(key)
+            if found is not False:
+                return found  # type: ignore[return-value]  # a recorded answer, or None: ours now
             with self._lock:
-                now = time.monotonic()
-                while self._done and next(iter(self._done.values()))[0] < now:
-                    self._done.popitem(last=False)
-                if key in self._done:
-                    return self._done[key][1:]
                 running = self._running.get(key)
-                if running is None:
-                    self._running[key] = threading.Event()
-                    return None
-            running.wait(30)  # the same request still running: wait for its answer
+            if running is not None:
+                running.wait(30)  # the same request still running: wait for its answer
+
+    def try_begin(self, key: tuple) -> tuple[int, bytes, str] | None | bool:
+        """``begin`` that never waits: the recorded answer, None once the caller owns ``key``, or
+        False while the same request is still running (then call ``begin`` from a thread)."""
+        with self._lock:
+            now = time.monotonic()
+            while self._done and next(iter(self._done.values()))[0] < now:
+                self._done.popitem(last=False)
+            if key in self._done:
+                return self._done[key][1:]
+            if key in self._running:
+                return False
+            self._running[key] = threading.Event()
+            return None
 
     def finish(self, key: tuple, answer: tuple[int, bytes, str] | None) -> None:
         with self._lock:
@@ -151,8 +176,15 @@ class JournalService:
         self._held: dict[str, _Held] = {}
         self._last_token: dict[str, int] = {}
         self._table = threading.Lock()
-        self._stripes = [threading.Lock() for _ in range(64)]
+        self._stripes = [threading.Lock() for _ in range(256)]  # runs sharing a stripe wait for each other
         self._views = type(store)._committed is not Store._committed
+        # a store that commits many runs' appends in one transaction gets them straight from the event loop
+        self._batch: Callable[[list], list] | None = (getattr(store, "append_batch", None)
+                                                      if getattr(store, "group_commit", False) else None)
+        self._pending: list[tuple[str, int, int, list[str], asyncio.Future]] = []
+        self._flush_scheduled = False
+        self._flushing = False  # a batch is being committed in a worker thread
+        self._tasks: set[asyncio.Task] = set()  # appends the loop sent to the thread pool
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, args=(reap_every,), name="caravanserai-serve-reaper",
                                         daemon=True)
@@ -160,7 +192,8 @@ class JournalService:
 
     # ---- lease table -------------------------------------------------------------------------
     def _lock(self, run_id: str) -> threading.Lock:
-        return self._stripes[hash(run_id) % len(self._stripes)]
+        # crc32, not hash(): a run maps to the same stripe in every process (str hashes are salted per process)
+        return self._stripes[zlib.crc32(run_id.encode("utf-8")) % len(self._stripes)]
 
     def _drop(self, run_id: str, held: _Held) -> None:
         with self._table:
@@ -264,8 +297,11 @@ class JournalService:
             self._drop(run_id, held)
             return {"released": True}
 
-    def append(self, run_id: str, token: int, seq: int, lines: list[str], sync: bool) -> dict:
-        """Append through the backing lease; its prologue refuses a wrong seq (``SequenceMismatch``)."""
+    def append(self, run_id: str, token: int, seq: int, lines: list[str], sync: bool, *, views: bool = True) -> dict:
+        """Append through the backing lease; its prologue refuses a wrong seq (``SequenceMismatch``).
+
+        ``views=False``: the caller hands the lines to ``views`` itself (after answering).
+        """
         with self._lock(run_id):
             held = self._check(run_id, token, "append")
             try:
@@ -274,12 +310,122 @@ class JournalService:
                 self._drop(run_id, held)
                 raise LeaseLost(f"run {run_id!r}: the backing store refused the append ({exc}); open the run again",
                                 run_id=run_id) from None
-            if self._views:
-                try:
-                    self.store.committed(run_id, [json.loads(line) for line in lines])
-                except Exception:
-                    pass  # views are a convenience; the journal is the truth
+            if views:
+                self.views(run_id, lines)
             return {"next_seq": held.backing.next_seq}
+
+    async def append_async(self, run_id: str, token: int, seq: int, lines: list[str], sync: bool) -> dict:
+        """``append`` from the event loop. With a batching backing store (SQL), appends queue here and
+        one flush at a time commits everything queued (``_flush_pending``): the first waiter starts a
+        flush right after the current loop turn (no timer), and what arrives while it runs is the next
+        batch. Otherwise, and for a run whose lock a thread holds, ``append`` runs in the thread pool."""
+        from starlette.concurrency import run_in_threadpool
+
+        if self._batch is None:
+            return await run_in_threadpool(functools.partial(self.append, views=False), run_id, token, seq, lines, sync)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+        self._pending.append((run_id, token, seq, lines, future))
+        if not self._flush_scheduled and not self._flushing:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush_pending)
+        return await future
+
+    def _flush_pending(self) -> None:
+        """Check the queued appends (on the loop) and commit them as one batch in a worker thread."""
+        self._flush_scheduled = False
+        pending, self._pending = self._pending, []
+        batch, locks, batched = [], [], set()
+        try:
+            for run_id, token, seq, lines, future in pending:
+                lock = self._lock(run_id)
+                if run_id in batched or (lock not in locks and not lock.acquire(blocking=False)):
+                    self._in_thread(future, run_id, token, seq, lines)  # this run's second append, or a thread has it
+                    continue
+                if lock not in locks:  # runs sharing a stripe share its lock, held once for the batch
+                    locks.append(lock)
+                batched.add(run_id)
+                try:
+                    batch.append((self._check(run_id, token, "append"), run_id, seq, lines, future))
+                except CaravanseraiError as exc:
+                    future.set_exception(exc)
+        except Exception as exc:  # an unexpected failure: no lock stays taken, no append waits forever
+            for lock in locks:
+                lock.release()
+            for *_, future in pending:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        if not batch:
+            for lock in locks:
+                lock.release()
+            return
+        self._flushing = True
+        loop = asyncio.get_running_loop()
+        flush = loop.run_in_executor(None, self._commit, batch, locks)
+        flush.add_done_callback(lambda done: self._flushed(done, batch))
+
+    def _commit(self, batch: list, locks: list[threading.Lock]) -> list:
+        """(worker thread) The backing store's group commit of ``batch``; per member an answer or an error."""
+        assert self._batch is not None  # append_async queues only then
+        try:
+            try:
+                outcomes = self._batch([(run_id, lines, held.backing, seq) for held, run_id, seq, lines, _ in batch])
+            except Exception as exc:  # the batch itself failed: no member is acknowledged
+                outcomes = [exc] * len(batch)
+            answers: list = []
+            for (held, run_id, _, _, _), outcome in zip(batch, outcomes, strict=True):
+                if isinstance(outcome, LeaseLost):
+                    self._drop(run_id, held)
+                    outcome = LeaseLost(f"run {run_id!r}: the backing store refused the append ({outcome}); open the "
+                                        "run again", run_id=run_id)
+                answers.append({"next_seq": held.backing.next_seq} if outcome is None else outcome)
+            return answers
+        finally:
+            for lock in locks:
+                lock.release()
+
+    def _flushed(self, done: asyncio.Future, batch: list) -> None:
+        """(event loop) Answer the members of a flushed batch; start the next flush if appends queued."""
+        self._flushing = False
+        try:
+            answers = done.result()
+        except BaseException as exc:  # the worker itself failed
+            answers = [exc] * len(batch)
+        for (_, _, _, _, future), answer in zip(batch, answers, strict=True):
+            if not future.done():  # (a client that went away cancelled it)
+                if isinstance(answer, BaseException):
+                    future.set_exception(answer)
+                else:
+                    future.set_result(answer)
+        if self._pending and not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush_pending)
+
+    def _in_thread(self, future: asyncio.Future, *args: Any) -> None:
+        from starlette.concurrency import run_in_threadpool
+
+        async def run() -> None:
+            try:
+                result = await run_in_threadpool(functools.partial(self.append, views=False), *args, True)
+            except Exception as exc:
+                if not future.done():
+                    future.set_exception(exc)
+                return
+            if not future.done():
+                future.set_result(result)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def views(self, run_id: str, lines: list[str]) -> None:
+        """Hand acknowledged lines to the backing store's views (the local store renders files)."""
+        if self._views:
+            try:
+                self.store.committed(run_id, [json.loads(line) for line in lines])
+            except Exception:
+                pass  # views are a convenience; the journal is the truth
 
     def remove(self, run_id: str) -> dict:
         with self._lock(run_id):
@@ -377,6 +523,9 @@ Handler = Callable[[_App, Any, bytes], Any]
 
 # ---- routes: (app, request, body) -> response, run in the thread pool -------------------------------
 def _list_runs(app: _App, request: Any, body: bytes) -> Any:
+    if request.query_params.get("versions") == "1":  # the run index's change tokens, from the backing store
+        versions = app.store.journal_versions()
+        return _answer({"runs": sorted(versions), "versions": versions})
     return _answer({"runs": sorted(app.store.list())})
 
 
@@ -406,7 +555,8 @@ def _release(app: _App, request: Any, body: bytes) -> Any:
     return _answer(app.service.release(_run_id(request), _int(_json_body(body), "token")))
 
 
-def _append(app: _App, request: Any, body: bytes) -> Any:
+def _append_request(request: Any, body: bytes) -> tuple[str, int, int, list[str], bool]:
+    """(run id, token, seq, lines, sync) of an append request, checked."""
     data = _json_body(body)
     lines = data.get("lines")
     if not isinstance(lines, list) or not lines or not all(isinstance(x, str) and "\n" not in x for x in lines):
@@ -414,7 +564,32 @@ def _append(app: _App, request: Any, body: bytes) -> Any:
     sync = data.get("sync", True)
     if not isinstance(sync, bool):
         raise ApiError(400, "bad_request", "'sync' must be true or false")
-    return _answer(app.service.append(_run_id(request), _int(data, "token"), _int(data, "seq"), lines, sync))
+    return _run_id(request), _int(data, "token"), _int(data, "seq"), lines, sync
+
+
+def _appended(app: _App, run_id: str, lines: list[str], result: dict) -> Any:
+    """The answer to a durable append; the views hand-off runs after it is sent, off the append's latency."""
+    from starlette.background import BackgroundTask
+
+    answer = _answer(result)
+    if app.service._views:
+
+        async def views() -> None:
+            app.service.views(run_id, lines)
+
+        answer.background = BackgroundTask(views)
+    return answer
+
+
+def _append(app: _App, request: Any, body: bytes) -> Any:
+    run_id, token, seq, lines, sync = _append_request(request, body)
+    return _appended(app, run_id, lines, app.service.append(run_id, token, seq, lines, sync, views=False))
+
+
+async def _append_async(app: _App, request: Any, body: bytes) -> Any:
+    """``_append`` on the event loop: the service gathers concurrent appends into one commit."""
+    run_id, token, seq, lines, sync = _append_request(request, body)
+    return _appended(app, run_id, lines, await app.service.append_async(run_id, token, seq, lines, sync))
 
 
 def _list_objects(app: _App, request: Any, body: bytes) -> Any:
@@ -472,6 +647,10 @@ _ROUTES: tuple[tuple[str, Handler, tuple[str, ...], bool], ...] = (
 )
 
 
+# routes that have a coroutine twin run on the event loop (blocking work goes to the thread pool only when needed)
+_ASYNC_ROUTES: dict[Handler, Callable[[_App, Any, bytes], Any]] = {_append: _append_async}
+
+
 # ---- plumbing around every route ------------------------------------------------------------------
 def _handle(app: _App, fn: Handler, request: Any, body: bytes, key: tuple | None) -> Any:
     """Run ``fn``, or answer a repeated Idempotency-Key with the recorded answer; errors become JSON."""
@@ -489,10 +668,38 @@ def _handle(app: _App, fn: Handler, request: Any, body: bytes, key: tuple | None
         response = _error_for(exc)
     finally:
         if key is not None:
-            kept = None
-            if response is not None and response.status_code < 500 and len(response.body) <= REPLAY_MAX_BODY:
-                kept = (response.status_code, bytes(response.body), response.media_type)
-            app.replay.finish(key, kept)
+            app.replay.finish(key, _kept(response))
+    return response
+
+
+def _kept(response: Any) -> tuple[int, bytes, str] | None:
+    """What the replay cache keeps of an answer (not a 5xx: a retry may succeed; not a large body)."""
+    if response is not None and response.status_code < 500 and len(response.body) <= REPLAY_MAX_BODY:
+        return (response.status_code, bytes(response.body), response.media_type)
+    return None
+
+
+async def _handle_async(app: _App, fn: Handler, request: Any, body: bytes, key: tuple | None) -> Any:
+    """``_handle`` for a route that runs on the event loop; a key whose first request still runs
+    waits for its answer in a thread."""
+    from starlette.concurrency import run_in_threadpool
+    from starlette.responses import Response
+
+    if key is not None:
+        recorded = app.replay.try_begin(key)
+        if recorded is False:
+            return await run_in_threadpool(_handle, app, fn, request, body, key)
+        if isinstance(recorded, tuple):
+            status, content, media = recorded
+            return Response(content, status_code=status, media_type=media, headers={"Idempotent-Replay": "true"})
+    response = None
+    try:
+        response = await _ASYNC_ROUTES[fn](app, request, body)
+    except Exception as exc:  # every failure is a JSON error answer
+        response = _error_for(exc)
+    finally:
+        if key is not None:
+            app.replay.finish(key, _kept(response))
     return response
 
 
@@ -523,6 +730,8 @@ def _endpoint(app: _App, fn: Handler, replayed: bool) -> Callable[[Any], Any]:
         key = None
         if idem and replayed and request.method not in ("GET", "HEAD"):
             key = (request.method, request.url.path, idem[:200])
+        if fn in _ASYNC_ROUTES:
+            return await _handle_async(app, fn, request, body, key)
         return await run_in_threadpool(_handle, app, fn, request, body, key)
 
     return run

@@ -156,6 +156,12 @@ class MemoryStore(Store):
         with self._space.lock:
             return sorted(k for k, v in self._space.journals.items() if v)
 
+    def _journal_versions(self, run_ids: Sequence[str] | None) -> dict[str, str]:
+        with self._space.lock:
+            journals = self._space.journals
+            wanted = journals if run_ids is None else run_ids
+            return {r: f"{len(journals[r])}:{self._space.tokens.get(r, 0)}" for r in wanted if journals.get(r)}
+
     def _remove(self, run_id: str) -> bool:
         with self._space.lock:
             current = self._space.holders.get(run_id)

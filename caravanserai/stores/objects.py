@@ -15,26 +15,55 @@ raises ``ObjectConditionalPutRequired``; reading works on any face. Keys land un
   taken over with ``IfVersion`` on its version;
 - ``journal/<run>/<chunk:020d>`` — one write-once object per append. A new holder first writes an
   empty *fence* chunk at the tail, so a previous holder's next append collides on its key and is
-  refused: safety does not rest on clocks;
+  refused: safety does not rest on clocks. Chunks are never deleted while the run exists: they are
+  the fence;
+- ``segments/<run>/<through:020d>`` — a write-once *segment*: every line of chunks ``0..through``
+  after a one-line JSON header (``{"segment": 1, "run", "from", "through", "lines", "token"}``). The
+  lease holder writes one every ``compact_every`` chunks (256) and on release;
+- ``segments/<run>/<from:020d>-<through:020d>`` — a write-once *delta* (header ``{"delta": 1, ...}``):
+  the lines of every chunk since the segment (``from`` is the segment's ``through + 1``), written
+  every ``delta_every`` chunks (16) between segments, each replacing the one before;
+- ``segments/<run>/head`` — ``{"through": n, "deltas": [[from, through]]}``: the newest segment and
+  delta, overwritten by the holder after each segment or delta; the segment and deltas a new
+  segment replaces are deleted after the head moved;
+- reading: GET the head, then the segment and delta it names while the chunks after them are
+  fetched in parallel batches (1, 2, 4, 8, 16 at a time; 16 at once after a delta) up to the first
+  missing one — no listing, so a released run loads in three requests (head, segment, one probe)
+  whatever its length, and a killed holder's successor fetches one delta and at most 16 chunks
+  more. Without a head (runs written before segments, or younger than their first delta) the
+  chunks are read from 0 the same way; a head naming a part replaced meanwhile sends the reader to
+  the newest segment listed;
 - ``objects/<key>`` — the object face.
+
+Why a segment or delta can never hold a line the chunks do not: the holder covers only chunks it
+read after its fence (final from then on: a fenced writer cannot add a key below the fence) or
+wrote itself (create-only puts that succeeded), so two parts over the same chunks hold the same
+bytes, a fenced writer's refused chunk is in none, and a kill at any point leaves every chunk and
+parts the head may name; the head is a hint, never trusted past what it names.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 from ..errors import (
     InvalidStoreUrl,
+    JournalCorruptionError,
     LeaseLost,
+    ObjectCompactionInvalid,
     ObjectConditionalPutRequired,
     ObjectLeaseTtlInvalid,
+    ObjectNotFound,
     ObjectPreconditionFailed,
     RunLocked,
     StoreUnavailable,
@@ -48,6 +77,16 @@ __all__ = ["BucketStore", "ObjectDurableStore", "ObjectStorage", "ObstoreStorage
            "StorageObjects", "StorageView", "from_obstore_url"]
 
 DEFAULT_PREFIX = "caravanserai/durable/"
+
+#: Chunks between segments. A segment holds the whole journal, so a run of N appends uploads about
+#: N/512 lines per append, in one PUT per 256 appends: small next to the PUT each append costs, up
+#: to runs of a few hundred thousand appends; fewer chunks between segments would upload more.
+COMPACT_EVERY = 256
+#: Chunks between deltas (every line since the segment, at most 255 chunks' worth), so that the next
+#: holder after a kill fetches one delta and at most 15 chunks more, not up to 255 chunks.
+DELTA_EVERY = 16
+_FETCHERS = 16  # parallel GETs: obstore's blocking calls release the GIL
+_SEGMENT_FORMAT = 1
 
 PreconditionFailed = ObjectPreconditionFailed  # the seed adapter's error, now the public typed one
 
@@ -150,9 +189,18 @@ class BucketLease(ExpiringLease):
     """A lease object in the bucket, renewed by compare-and-swap on its version."""
 
     def __init__(self, store: BucketStore, run_id: str, token: int, holder: dict, version: str, started: float,
-                 next_chunk: int, next_seq: int) -> None:
+                 next_chunk: int, next_seq: int, view: _View | None = None) -> None:
         self.version = version
         self.next_chunk = next_chunk
+        view = view or _View(-1, None, [], False, [])
+        self.lines = view.lines  # chunks 0..next_chunk-1: what a segment written now must hold
+        self.segment_through = view.through  # the newest segment this holder knows (-1: none)
+        self.segment_key = view.segment_key
+        self.deltas = view.deltas  # (first, through) of the deltas after it, as the head names them
+        self.segment_lines = view.segment_lines  # how many lines that segment holds
+        self.superseded: list[str] = []  # deltas a longer one replaced: deleted with the next segment
+        self.unsegmented = view.unsegmented  # a non-empty chunk after them
+        self.compacted = False  # whether this holder wrote a segment
         super().__init__(store, run_id, token, holder, store.ttl, started=started, next_seq=next_seq)
 
     @property
@@ -170,11 +218,34 @@ class BucketLease(ExpiringLease):
 
     def _release_remote(self) -> None:
         store: BucketStore = self.store  # type: ignore[assignment]
+        if time.monotonic() < self._deadline:  # still ours: compact what this holder has not yet
+            store._compact(self, tidy=True)
         store._bucket.put(store._lease_key(self.run_id), store._lease_body(None, self.token, expired=True),
                           mode=IfVersion(self.version))
 
 
 ObjectLease = BucketLease
+
+
+class _View:
+    """A run's journal as read: the segment and deltas used, every line, how many the segment holds
+    and whether a non-empty chunk follows the segment and deltas."""
+
+    __slots__ = ("deltas", "lines", "segment_key", "segment_lines", "through", "unsegmented")
+
+    def __init__(self, through: int, segment_key: str | None, lines: list[str], unsegmented: bool,
+                 deltas: list[tuple[int, int]], segment_lines: int = 0) -> None:
+        self.through, self.segment_key, self.lines, self.unsegmented = through, segment_key, lines, unsegmented
+        self.deltas, self.segment_lines = deltas, segment_lines
+
+
+class _SegmentGone(Exception):
+    """The segment a reader picked was replaced (and deleted) before it could be read."""
+
+
+def _number(name: str) -> int | None:
+    """The chunk or segment number a key ends with (20 digits), None for anything else."""
+    return int(name) if len(name) == 20 and name.isdigit() else None
 
 
 class BucketStore(Store):
@@ -183,8 +254,18 @@ class BucketStore(Store):
     scheme = "object"
 
     def __init__(self, objects: Objects | ObjectStorage, *, conditional_put: bool = False,
-                 lease_ttl_ms: int = DEFAULT_TTL_MS, prefix: str = DEFAULT_PREFIX, url: str | None = None) -> None:
+                 lease_ttl_ms: int = DEFAULT_TTL_MS, prefix: str = DEFAULT_PREFIX, url: str | None = None,
+                 compact_every: int = COMPACT_EVERY, delta_every: int = DELTA_EVERY) -> None:
         ttl_ms = check_lease_ttl(lease_ttl_ms, error=ObjectLeaseTtlInvalid)
+        for name, value in (("compact_every", compact_every), ("delta_every", delta_every)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ObjectCompactionInvalid(f"{name} must be a whole number of appends, at least 1 (got {value!r}); "
+                                              f"leave it out for the default ({COMPACT_EVERY} / {DELTA_EVERY})",
+                                              option=name, value=repr(value))
+        self.compact_every, self.delta_every = compact_every, delta_every
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_pid = 0
+        self._pool_lock = threading.Lock()
         if isinstance(objects, Objects):
             self._bucket: Objects = objects  # its own supports_cas decides; conditional_put is for the seed form
         elif isinstance(objects, ObjectStorage):
@@ -231,20 +312,216 @@ class BucketStore(Store):
         expires = 0 if expired else int((time.time() + self.ttl) * 1000)  # advisory for other clients
         return json.dumps({"holder": holder, "token": token, "expires_at": expires}).encode()
 
+    def _segment_key(self, run_id: str, through: int) -> str:
+        return f"{self.prefix}segments/{run_id}/{through:020d}"
+
+    def _head_key(self, run_id: str) -> str:
+        return f"{self.prefix}segments/{run_id}/head"
+
+    def _delta_key(self, run_id: str, first: int, through: int) -> str:
+        return f"{self.prefix}segments/{run_id}/{first:020d}-{through:020d}"
+
     def _chunks(self, run_id: str) -> list[str]:
         return self._bucket.list(f"{self.prefix}journal/{run_id}/")
 
-    # ---- journal face --------------------------------------------------------------------
-    def _load(self, run_id: str) -> list[str]:
+    # ---- reading: the head, then its segment, its deltas and the chunks after them, in parallel
+    def _fetcher(self) -> ThreadPoolExecutor:
+        with self._pool_lock:  # one pool per process: a forked child builds its own
+            if self._pool is None or self._pool_pid != os.getpid():
+                self._pool = ThreadPoolExecutor(2 * _FETCHERS, thread_name_prefix="caravanserai-bucket")
+                self._pool_pid = os.getpid()
+            return self._pool
+
+    def _head(self, run_id: str) -> tuple[int, list[tuple[int, int]]]:
+        """The segment and the deltas after it that the run's head names ((-1, []): none). Only a hint:
+        it may name older ones than the newest (a holder killed between puts), never past the chunks."""
+        try:
+            head = json.loads(self._bucket.get(self._head_key(run_id)))
+            through, deltas = head["through"], [(int(a), int(b)) for a, b in head.get("deltas", [])]
+        except (ObjectNotFound, ValueError, KeyError, TypeError, AttributeError):
+            return -1, []
+        if type(through) is not int or through < -1:
+            return -1, []
+        mark = through
+        for first, last in deltas:  # a chain: each delta starts right after what precedes it
+            if first != mark + 1 or last < first:
+                return through, []
+            mark = last
+        return through, deltas
+
+    def _segments(self, run_id: str) -> list[tuple[int, str]]:
+        """``(through, key)`` of the run's segments, oldest first (more than one only after a kill)."""
+        base = f"{self.prefix}segments/{run_id}/"
+        return sorted((n, k) for k in self._bucket.list(base) if (n := _number(k[len(base):])) is not None)
+
+    def _read_part(self, run_id: str, kind: str, first: int, through: int) -> list[str]:
+        """The lines of a ``"segment"`` (chunks ``0..through``) or a ``"delta"`` (``first..through``), checked."""
+        key = self._segment_key(run_id, through) if kind == "segment" else self._delta_key(run_id, first, through)
+        try:
+            data = self._bucket.get(key)
+        except ObjectNotFound:
+            raise _SegmentGone from None
+        try:
+            head, *lines = data.decode("utf-8").split("\n")  # one pass over a large segment, no copy of its body
+            header = json.loads(head)
+            ok = (header.get(kind) == _SEGMENT_FORMAT and header.get("run") == run_id
+                  and (header.get("from"), header.get("through")) == (first, through))
+        except (ValueError, AttributeError):  # UnicodeDecodeError is a ValueError
+            ok, header, head, lines = False, {}, data[:120].decode("utf-8", "replace"), []
+        if lines == [""]:
+            lines = []
+        if not ok or header.get("lines") != len(lines):
+            raise JournalCorruptionError(f"run {run_id!r}: {kind} {key!r} is damaged or not a {kind} of this run "
+                                         f"(header {head[:120]!r}, {len(lines)} lines); remove it: the chunks still "
+                                         "hold the journal", run_id=run_id, key=key, line=None)
+        return lines
+
+    def _start(self, run_id: str, through: int, deltas: list[tuple[int, int]]) -> list[Future[list[str]]]:
+        parts = ([("segment", 0, through)] if through >= 0 else []) + [("delta", a, b) for a, b in deltas]
+        return [self._fetcher().submit(self._read_part, run_id, *part) for part in parts]
+
+    def _get_chunk(self, key: str) -> bytes | None:
+        try:
+            return self._bucket.get(key)
+        except ObjectNotFound:
+            return None
+
+    def _probe(self, run_id: str, start: int, batch: int = 1) -> list[tuple[int, bytes]]:
+        """Chunks ``start, start + 1, ...`` up to the first missing one, fetched in parallel batches that
+        grow (1, 2, 4, 8, 16: a released run's reader misses once), with no listing. Chunk numbers have
+        no gaps, so what comes back is the journal's tail as it stood at some instant during the read."""
+        found: list[tuple[int, bytes]] = []
+        while True:
+            keys = [self._chunk_key(run_id, start + i) for i in range(batch)]
+            bodies = list(self._fetcher().map(self._get_chunk, keys)) if batch > 1 else [self._get_chunk(keys[0])]
+            for i, body in enumerate(bodies):  # the whole batch is back: nothing left running
+                if body is None:
+                    return found
+                found.append((start + i, body))
+            start, batch = start + batch, min(2 * batch, _FETCHERS)
+
+    @staticmethod
+    def _tail_start(through: int, deltas: list[tuple[int, int]]) -> tuple[int, int]:
+        """Where the chunks after the head's parts start, and the first probe batch: a head with deltas
+        was written mid-run, so chunks likely follow (up to ``delta_every``): probe 16 at once."""
+        return (deltas[-1][1] + 1, _FETCHERS) if deltas else (through + 1, 1)
+
+    def _read_ahead(self, run_id: str, ahead: Future[Any]) -> None:
+        """The head, its parts on their way and the chunks after them, for an ``acquire`` (into ``ahead``)."""
+        try:
+            through, deltas = self._head(run_id)
+            parts = self._start(run_id, through, deltas)
+            ahead.set_result((through, deltas, parts, self._probe(run_id, *self._tail_start(through, deltas))))
+        except BaseException as exc:  # noqa: BLE001 - handed to the acquiring thread
+            ahead.set_exception(exc)
+
+    def _view(self, run_id: str, through: int, deltas: list[tuple[int, int]], parts: list[Future[list[str]]],
+              chunks: list[tuple[int, bytes]]) -> _View:
         lines: list[str] = []
-        for key in self._chunks(run_id):
-            try:
-                data = self._bucket.get(key)
-            except KeyError:  # ObjectNotFound: removed while we listed
-                continue
+        for part in parts:
+            lines.extend(part.result())  # _SegmentGone: replaced meanwhile
+        segment_lines = len(parts[0].result()) if through >= 0 else 0
+        view = _View(through, self._segment_key(run_id, through) if through >= 0 else None, lines, False, deltas,
+                     segment_lines)
+        for _, data in chunks:
             if data:
                 lines.extend(data.decode("utf-8").split("\n"))
-        return lines
+                view.unsegmented = True
+        return view
+
+    def _read(self, run_id: str) -> _View:
+        """What the head names and the chunks after it; if a part was replaced meanwhile, the newest
+        segment listed and the chunks after it."""
+        through, deltas = self._head(run_id)
+        for _ in range(5):
+            parts = self._start(run_id, through, deltas)
+            chunks = self._probe(run_id, *self._tail_start(through, deltas))
+            try:
+                return self._view(run_id, through, deltas, parts, chunks)
+            except _SegmentGone:
+                segments = self._segments(run_id)
+                through, deltas = (segments[-1][0] if segments else -1), []
+        raise StoreUnavailable(f"run {run_id!r} kept changing while it was read from {self._describe()}; retry",
+                               run_id=run_id)
+
+    # ---- journal face --------------------------------------------------------------------
+    def _load(self, run_id: str) -> list[str]:
+        return self._read(run_id).lines
+
+    def _load_held(self, lease: Any) -> list[str]:
+        if isinstance(lease, BucketLease) and lease.held:
+            return list(lease.lines)  # read at acquire and kept up to date by every append
+        return self._load(lease.run_id)
+
+    def _compact(self, lease: BucketLease, *, tidy: bool = False) -> None:
+        """On release: the segment through the holder's last chunk, then (``tidy``, if this holder wrote
+        any) every older segment and delta, such as those a killed holder left, deleted."""
+        self._write_segment(lease)
+        if not (tidy and lease.compacted):
+            return
+        base = f"{self.prefix}segments/{lease.run_id}/"
+        try:
+            older = []
+            for key in self._bucket.list(base):
+                name = key[len(base):]
+                segment, delta_end = _number(name), _number(name.rsplit("-", 1)[-1]) if "-" in name else None
+                if (segment is not None and segment < lease.segment_through) or \
+                        (delta_end is not None and delta_end <= lease.segment_through):
+                    older.append(key)
+            self._delete(older)
+        except Exception:  # noqa: BLE001 - left for the next holder's release
+            pass
+
+    def _write_segment(self, lease: BucketLease) -> None:
+        """The segment through the holder's last chunk; the head moved to it; the segment and deltas it
+        replaces deleted. Best effort: the chunks hold the journal, so a failure (or a kill) at any
+        point here loses nothing."""
+        through = lease.next_chunk - 1
+        if not (lease.unsegmented or lease.deltas) or through <= lease.segment_through:
+            return
+        key = self._segment_key(lease.run_id, through)
+        try:
+            self._put_part(lease, key, "segment", 0, through, lease.lines)
+            self._bucket.put(self._head_key(lease.run_id), json.dumps({"through": through, "deltas": []}).encode())
+            replaced = [lease.segment_key] if lease.segment_key and lease.segment_key != key else []
+            replaced += [self._delta_key(lease.run_id, a, b) for a, b in lease.deltas] + lease.superseded
+            lease.segment_key, lease.segment_through, lease.deltas, lease.superseded = key, through, [], []
+            lease.segment_lines, lease.unsegmented, lease.compacted = len(lease.lines), False, True
+            self._delete(replaced)  # a reader that picked one of these reads again (from the head it moved)
+        except Exception:  # noqa: BLE001 - an unreachable store: the next compaction (or holder) retries
+            pass
+
+    def _delete(self, keys: list[str]) -> None:
+        delete_many = getattr(self._bucket, "delete_many", None)
+        if delete_many is not None:  # one request (S3 DeleteObjects), not two per key
+            delete_many(keys)
+            return
+        for key in keys:
+            self._bucket.delete(key)
+
+    def _write_delta(self, lease: BucketLease) -> None:
+        """A delta of every chunk since the segment (so the head names one; at most ``compact_every``
+        chunks' lines), the head moved to it (best effort, as segments)."""
+        through, first = lease.next_chunk - 1, lease.segment_through + 1
+        if not lease.unsegmented or through < first:
+            return
+        try:
+            self._put_part(lease, self._delta_key(lease.run_id, first, through), "delta", first, through,
+                           lease.lines[lease.segment_lines:])
+            self._bucket.put(self._head_key(lease.run_id),
+                             json.dumps({"through": lease.segment_through, "deltas": [[first, through]]}).encode())
+            lease.superseded += [self._delta_key(lease.run_id, a, b) for a, b in lease.deltas]
+            lease.deltas, lease.unsegmented = [(first, through)], False
+        except Exception:  # noqa: BLE001 - as for segments
+            pass
+
+    def _put_part(self, lease: BucketLease, key: str, kind: str, first: int, through: int, lines: list[str]) -> None:
+        header = json.dumps({kind: _SEGMENT_FORMAT, "run": lease.run_id, "from": first, "through": through,
+                             "lines": len(lines), "token": lease.token})
+        try:
+            self._bucket.put(key, "\n".join([header, *lines]).encode("utf-8"), mode="create")
+        except ObjectPreconditionFailed:
+            pass  # written by another holder over the same chunks: the same lines
 
     def _claim(self, run_id: str, holder: dict) -> tuple[int, str]:
         """Claim the lease object (create, or take over an expired one by CAS): (token, version)."""
@@ -270,18 +547,27 @@ class BucketStore(Store):
         self._need_cas("acquire()")
         started = time.monotonic()
         holder = {**holder_info(), "lease": uuid.uuid4().hex}
+        # The journal is read while the lease is claimed: what the read missed (chunks a paused holder
+        # wrote meanwhile) collides with the fence below and is read then.
+        ahead: Future[Any] = Future()
+        threading.Thread(target=self._read_ahead, args=(run_id, ahead), name="caravanserai-acquire", daemon=True).start()
         token, version = self._claim(run_id, holder)
         holder["token"] = token
-        chunks = self._chunks(run_id)
-        fence = int(chunks[-1].rsplit("/", 1)[1]) + 1 if chunks else 0
+        through, deltas, parts, chunks = ahead.result()
+        fence = (chunks[-1][0] if chunks else self._tail_start(through, deltas)[0] - 1) + 1
         while True:  # the fence: a previous holder's next append collides on this key
+            key = self._chunk_key(run_id, fence)
             try:
-                self._bucket.put(self._chunk_key(run_id, fence), b"", mode="create")
+                self._bucket.put(key, b"", mode="create")
                 break
-            except ObjectPreconditionFailed:
+            except ObjectPreconditionFailed:  # that holder's last append landed first: it is read too
+                chunks.append((fence, self._get_chunk(key) or b""))
                 fence += 1
-        next_seq = len(self._load(run_id))
-        return BucketLease(self, run_id, token, holder, version, started, fence + 1, next_seq)
+        try:  # everything below the fence is final now
+            view = self._view(run_id, through, deltas, parts, chunks)
+        except _SegmentGone:  # replaced (with the same lines) meanwhile: read again, up to the fence
+            view = self._read(run_id)
+        return BucketLease(self, run_id, token, holder, version, started, fence + 1, len(view.lines), view)
 
     def _append(self, run_id: str, lines: Sequence[str], *, lease: Any, seq: int, sync: bool = True) -> None:
         try:
@@ -291,10 +577,31 @@ class BucketStore(Store):
             raise LeaseLost(f"run {run_id!r}: journal chunk {lease.next_chunk} was already written by another holder; "
                             "this writer was fenced off: open the run again", run_id=run_id) from None
         lease.next_chunk += 1
+        lease.lines.extend(lines)
+        lease.unsegmented = True
+        if lease.next_chunk - 1 - lease.segment_through >= self.compact_every:
+            self._write_segment(lease)
+        elif lease.next_chunk - 1 - (lease.deltas[-1][1] if lease.deltas else lease.segment_through) >= self.delta_every:
+            self._write_delta(lease)
 
     def list(self) -> list[str]:
         base = f"{self.prefix}journal/"
+        children = getattr(self._bucket, "list_children", None)
+        if children is not None:  # one key per run: a delimiter listing
+            return sorted(children(base))
         return sorted({k[len(base):].split("/", 1)[0] for k in self._bucket.list(base)})
+
+    def _journal_versions(self, run_ids: Sequence[str] | None) -> dict[str, str]:
+        """Each run's chunk count (chunks are numbered without gaps and never deleted while the run
+        exists): its head and the chunks after it, many runs in parallel; no segment is read."""
+        def count(run_id: str) -> tuple[str, int]:
+            through, deltas = self._head(run_id)
+            start, batch = self._tail_start(through, deltas)
+            return run_id, start + len(self._probe(run_id, start, batch))
+
+        wanted = self.list() if run_ids is None else list(run_ids)
+        with ThreadPoolExecutor(min(_FETCHERS, max(1, len(wanted))), thread_name_prefix="caravanserai-versions") as pool:
+            return {run_id: f"chunks:{n}" for run_id, n in pool.map(count, wanted) if n > 0}
 
     def _remove(self, run_id: str) -> bool:
         key = self._lease_key(run_id)
@@ -305,9 +612,10 @@ class BucketStore(Store):
         if current and current.get("holder") is not None and current.get("expires_at", 0) > time.time() * 1000:
             raise RunLocked(f"run {run_id!r} is being written by {describe_holder(current['holder'])}; stop it "
                             "before cleaning", run_id=run_id, holder=current["holder"])
+        self._bucket.delete(self._head_key(run_id))  # first: a reader without it probes the chunks
+        self._delete(self._bucket.list(f"{self.prefix}segments/{run_id}/"))  # then segments: a reader sees chunks
         chunks = self._chunks(run_id)
-        for chunk in chunks:
-            self._bucket.delete(chunk)
+        self._delete(chunks)
         if current is not None:
             self._bucket.delete(key)
         return bool(chunks)
@@ -327,6 +635,8 @@ _COMMON: dict[str, tuple[str, str, Callable[[str], Any]]] = {
     "timeout": ("client", "timeout", str),
     "connect_timeout": ("client", "connect_timeout", str),
     "lease_ttl_ms": ("ours", "lease_ttl_ms", int),
+    "compact_every": ("ours", "compact_every", int),
+    "delta_every": ("ours", "delta_every", int),
     "skip_signature": ("config", "skip_signature", parse_bool),
 }
 URL_OPTIONS: dict[str, dict[str, tuple[str, str, Callable[[str], Any]]]] = {

@@ -70,7 +70,7 @@ class PostgresStore(SqlStore):
         exec_ = psycopg_exec(dsn)
         try:
             super().__init__(exec_, "postgres", table, lease_ttl_ms=lease_ttl_ms, url=_redact(dsn),
-                             create_schema=create_schema)
+                             create_schema=create_schema, group_commit=True)  # one connection: batches may share it
         except BaseException:
             exec_.connection.close()
             raise

@@ -14,6 +14,16 @@ the DDL; the store never creates or drops tables unless asked with ``create_sche
 Appends are fenced in the statement itself: the chunk is inserted only ``WHERE EXISTS`` a lease
 row with this writer's token that has not expired by the database's clock, so a writer paused past
 its lease (or cut off) cannot append, whatever its own clock says.
+
+Group commit (``group_commit=True``; ``SqliteStore`` and ``PostgresStore`` turn it on, since they
+own their one connection, while an ``exec`` of your own may spread statements over a pool): appends
+of different runs made at the same time through one store (threads of one process, the journal
+service's requests) share one transaction. The first writer that finds no commit running leads
+(``group_commit.GroupCommit``): alone, it sends its one autocommit ``INSERT`` as before; with others
+queued behind it, it sends ``BEGIN``, their fenced ``INSERT``s and one ``COMMIT`` (one WAL flush
+for all). A member whose fence refuses it gets its own ``LeaseLost`` and the others commit; a
+statement or ``COMMIT`` that fails rolls the whole batch back and every member gets that error, so
+nothing is acknowledged that is not durable.
 """
 
 from __future__ import annotations
@@ -28,8 +38,18 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..errors import CaravanseraiError, InvalidStoreUrl, LeaseLost, RunLocked, StoreFull, StoreUnavailable
-from .base import Objects, PutMode, Store, describe_holder, holder_info, holder_is_dead, os_failure
+from ..errors import (
+    CaravanseraiError,
+    ForeignLease,
+    InvalidStoreUrl,
+    LeaseLost,
+    RunLocked,
+    SequenceMismatch,
+    StoreFull,
+    StoreUnavailable,
+)
+from .base import Lease, Objects, PutMode, Store, describe_holder, holder_info, holder_is_dead, os_failure
+from .group_commit import GroupCommit, Member
 from .leases import DEFAULT_TTL_MS, ExpiringLease, check_lease_ttl
 from .urls import first_line, parse_options, split_url
 
@@ -100,6 +120,15 @@ class SqlObjects(Objects):
     def exists(self, key: str) -> bool:
         return bool(self.store._q("exists", (key,)))
 
+    def get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
+        """Many keys in one query over their common prefix (the run index reads thousands)."""
+        if len(keys) < 8:
+            return super().get_many(keys)
+        wanted = set(keys)
+        prefix = os.path.commonprefix(list(keys))
+        rows = self.store._q("get_prefix", (prefix, prefix + "\U0010ffff"))
+        return {key: bytes(data) for key, data in rows if key in wanted}
+
     def list(self, prefix: str = "") -> list[str]:
         rows = self.store._q("list_prefix", (prefix, prefix + "\U0010ffff")) if prefix else self.store._q("list_objects", ())
         return sorted(r[0] for r in rows if r[0].startswith(prefix))
@@ -118,7 +147,7 @@ class SqlStore(Store):
 
     def __init__(self, sql: Any, dialect: str = "sqlite", table: str = DEFAULT_TABLE, *,
                  lease_ttl_ms: int = DEFAULT_TTL_MS, url: str | None = None, create_schema: bool = False,
-                 background_renew: bool = True) -> None:
+                 background_renew: bool = True, group_commit: bool = False) -> None:
         if dialect not in _NOW:
             raise ValueError(f"dialect must be 'sqlite' or 'postgres', got {dialect!r}")
         if not isinstance(table, str) or not _IDENT.fullmatch(table):
@@ -133,10 +162,12 @@ class SqlStore(Store):
         self.ttl_ms = int(lease_ttl_ms)
         self.url = url or f"sql+{dialect}://{table}"
         self.background_renew = background_renew
+        self.group_commit = group_commit  # batches share a transaction: exec must keep one connection
         self._lock = threading.RLock()
         self._async: _AsyncRunner | None = None
         self._queries = _queries(dialect, table)
         self._objects = SqlObjects(self)
+        self._commits: GroupCommit[_Write] = GroupCommit(self._commit, key=lambda write: write[0])
         if create_schema:
             self.create_schema()
 
@@ -224,18 +255,92 @@ class SqlStore(Store):
         return self._q("takeover", (_json(holder), self.ttl_ms, run_id, int(current[0][1])))
 
     def _append(self, run_id: str, lines: Sequence[str], *, lease: Any, seq: int, sync: bool = True) -> None:
-        try:
-            rows = self._q("append", (run_id, lease.next_chunk, seq, lease.token, "\n".join(lines), run_id, lease.token))
-        except _Conflict:
-            rows = []
-        if not rows:
-            lease._lost = "the database refused the append (fenced)"
-            raise LeaseLost(f"run {run_id!r}: the store refused this append: the lease (token {lease.token}) expired or "
-                            "was taken over by another writer; open the run again", run_id=run_id)
-        lease.next_chunk += 1
+        self._commits.submit((run_id, "\n".join(lines), lease, seq))  # every commit is durable: sync is moot
+
+    def append_batch(self, writes: Sequence[tuple[str, Sequence[str], Lease, int]]) -> builtins_list[Exception | None]:
+        """``append(run_id, lines, lease=lease, seq=seq)`` for each of ``writes`` (different runs) at once,
+        as one group commit; per write, None once durable or the error ``append`` would have raised.
+
+        The journal service calls it with the appends its event loop has gathered.
+        """
+        outcomes: builtins_list[Exception | None] = [None] * len(writes)
+        queued: builtins_list[tuple[int, _Write]] = []
+        for i, (run_id, lines, lease, seq) in enumerate(writes):
+            if not isinstance(lease, SqlLease) or lease.store is not self or lease.run_id != run_id:
+                outcomes[i] = ForeignLease(f"append to run {run_id!r} needs a lease on that run from {self._describe()}",
+                                           run_id=run_id)
+                continue
+            try:
+                lease.check()
+            except LeaseLost as exc:
+                outcomes[i] = exc
+                continue
+            if seq != lease.next_seq:
+                outcomes[i] = SequenceMismatch(f"append to run {run_id!r} at seq {seq}, but the journal's next seq is "
+                                               f"{lease.next_seq}", run_id=run_id, expected=lease.next_seq)
+            elif lines:
+                queued.append((i, (run_id, "\n".join(lines), lease, seq)))
+        members = self._commits.submit_all([write for _, write in queued])
+        for (i, (_, _, lease, seq)), member, (_, lines, _, _) in zip(queued, members, (writes[i] for i, _ in queued),
+                                                                    strict=True):
+            if member.error is None:
+                lease.next_seq = seq + len(lines)
+            else:
+                outcomes[i] = member.error if isinstance(member.error, Exception) else StoreUnavailable(
+                    f"SQL store {self.url}: the append was interrupted; retry", url=self.url)
+        return outcomes
+
+    def _commit(self, batch: builtins_list[Member[_Write]]) -> None:
+        """Write a batch of appends (one per run): one autocommit INSERT alone, else one transaction."""
+        if len(batch) == 1 or not self.group_commit:  # each INSERT its own (auto)commit
+            for member in batch:
+                try:
+                    self._settle(member, bool(self._q("append", _append_params(member.item))))
+                except _Conflict:  # another writer's chunk at this position: fenced
+                    self._settle(member, False)
+                except Exception as exc:
+                    member.fail(exc)
+            return
+        with self._lock:  # the connection is ours until COMMIT: no other thread's statement lands inside
+            self._q("begin", ())
+            try:
+                written = [bool(self._q("append_batched", _append_params(m.item))) for m in batch]
+                self._q("commit", ())
+            except BaseException:
+                try:
+                    self._q("rollback", ())
+                except Exception:
+                    pass  # the connection failed: the server rolls the transaction back
+                raise
+        for member, ok in zip(batch, written, strict=True):
+            self._settle(member, ok)
+
+    @staticmethod
+    def _settle(member: Member[_Write], written: bool) -> None:
+        run_id, _, lease, _ = member.item
+        if written:
+            lease.next_chunk += 1
+            member.done()
+            return
+        lease._lost = "the database refused the append (fenced)"
+        member.fail(LeaseLost(f"run {run_id!r}: the store refused this append: the lease (token {lease.token}) expired "
+                              "or was taken over by another writer; open the run again", run_id=run_id))
+
+    @property
+    def commit_stats(self) -> dict[str, int]:
+        """Group commit so far: ``batches`` flushed and the ``largest`` one's number of appends."""
+        return {"batches": self._commits.batches, "largest": self._commits.largest}
 
     def list(self) -> list[str]:
         return sorted(r[0] for r in self._q("list", ()))
+
+    def _journal_versions(self, run_ids: Sequence[str] | None) -> dict[str, str]:
+        if run_ids is not None and len(run_ids) < 8:
+            rows = [row for r in run_ids for row in self._q("version", (r,))]
+        else:  # one grouped scan of the primary key: cheaper than a query per run
+            rows = self._q("versions", ())
+        versions = {r[0]: f"{r[1]}:{r[2]}:{r[3]}" for r in rows}
+        return versions if run_ids is None else {r: versions[r] for r in run_ids if r in versions}
 
     def _remove(self, run_id: str) -> bool:
         live = self._q("live_holder", (run_id,))
@@ -252,6 +357,13 @@ class SqlStore(Store):
 
 
 SqlDurableStore = SqlStore  # the seed's name
+_Write = tuple  # (run_id, the lines joined by "\n", lease, seq): one queued append
+builtins_list = list  # ``list`` is a method name inside SqlStore
+
+
+def _append_params(write: _Write) -> tuple:
+    run_id, text, lease, seq = write
+    return (run_id, lease.next_chunk, seq, lease.token, text, run_id, lease.token)
 
 
 class _Conflict(Exception):
@@ -303,6 +415,13 @@ def _queries(dialect: str, t: str) -> dict[str, str]:
         "release": f"UPDATE {t}_leases SET expires_at = 0 WHERE run_id = ? AND token = ? RETURNING token",
         "append": (f"INSERT INTO {t} (run_id, chunk, seq, token, lines) SELECT ?, ?, ?, ?, ? WHERE EXISTS "
                    f"(SELECT 1 FROM {t}_leases WHERE run_id = ? AND token = ? AND expires_at > {now}) RETURNING chunk"),
+        # in a batch's transaction a chunk another writer took is no row, not an error that aborts the batch
+        "append_batched": (f"INSERT INTO {t} (run_id, chunk, seq, token, lines) SELECT ?, ?, ?, ?, ? WHERE EXISTS "
+                           f"(SELECT 1 FROM {t}_leases WHERE run_id = ? AND token = ? AND expires_at > {now}) "
+                           "ON CONFLICT (run_id, chunk) DO NOTHING RETURNING chunk"),
+        "begin": "BEGIN IMMEDIATE" if dialect == "sqlite" else "BEGIN",  # sqlite: take the write lock now
+        "commit": "COMMIT",
+        "rollback": "ROLLBACK",
         "list": f"SELECT DISTINCT run_id FROM {t} ORDER BY run_id",
         "remove": f"DELETE FROM {t} WHERE run_id = ? RETURNING chunk",
         "remove_lease": f"DELETE FROM {t}_leases WHERE run_id = ? RETURNING run_id",
@@ -313,6 +432,9 @@ def _queries(dialect: str, t: str) -> dict[str, str]:
         "exists": f"SELECT 1 FROM {t}_objects WHERE key = ?",
         "list_objects": f"SELECT key FROM {t}_objects",
         "list_prefix": f"SELECT key FROM {t}_objects WHERE key >= ? AND key < ?",
+        "get_prefix": f"SELECT key, data FROM {t}_objects WHERE key >= ? AND key < ?",
+        "versions": f"SELECT run_id, COUNT(*), MAX(chunk), MAX(seq) FROM {t} GROUP BY run_id",
+        "version": f"SELECT run_id, COUNT(*), MAX(chunk), MAX(seq) FROM {t} WHERE run_id = ? GROUP BY run_id",
         "delete": f"DELETE FROM {t}_objects WHERE key = ? RETURNING key",
     }
     if dialect == "postgres":
@@ -376,7 +498,8 @@ class SqliteStore(SqlStore):
             raise StoreUnavailable(f"cannot open the SQLite store {path!r}: {first_line(exc)}; check that the path is a "
                                    "SQLite database file this user can write", url=url) from exc
         try:
-            super().__init__(exec_, "sqlite", table, lease_ttl_ms=lease_ttl_ms, url=url, create_schema=True)
+            super().__init__(exec_, "sqlite", table, lease_ttl_ms=lease_ttl_ms, url=url, create_schema=True,
+                             group_commit=True)
         except BaseException:
             exec_.connection.close()  # type: ignore[attr-defined]
             raise

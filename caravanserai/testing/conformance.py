@@ -299,12 +299,50 @@ class StoreConformance(ObjectsConformance):
             assert info.value.code == "invalid_run_id" and "\n" not in str(info.value)
         assert store.list() == before
 
+    def test_many_small_appends_across_holders_load_in_order(self, store: Store, run_id: str) -> None:
+        """One line per append, three holders in turn (where a backend compacts, across its compactions):
+        every reader and every new holder sees the same lines, each once, in order."""
+        written: list[str] = []
+        tail = journal.Tail()
+        for holder in range(3):
+            with store.acquire(run_id) as lease:
+                assert store.load_held(lease) == written and lease.next_seq == len(written)
+                for i in range(7):
+                    lines, tail = make_lines(run_id, 1, tail, holder=holder, i=i)
+                    store.append(run_id, lines, lease=lease, seq=len(written))
+                    written += lines
+                assert store.load(run_id) == written and store.load_held(lease) == written
+        assert [e["seq"] for e in store.events(run_id)] == list(range(21))
+        assert store.list().count(run_id) == 1
+
     def test_a_clean_journal_has_no_torn_tail(self, store: Store, run_id: str) -> None:
         lines, _ = make_lines(run_id, 2)
         with store.acquire(run_id) as lease:
             store.append(run_id, lines, lease=lease, seq=0)
         assert store.torn_tail(run_id) == 0
         assert isinstance(store.private_to_user(), bool)
+
+    def test_concurrent_appends_of_many_runs_all_land_in_order(self, store: Store, run_id: str) -> None:
+        # group commit (issue 13): writers of different runs appending at once through one store
+        runs = [f"{run_id}-{k}" for k in range(6)]
+        expected = {r: make_lines(r, 5)[0] for r in runs}
+        errors: list[BaseException] = []
+
+        def write(r: str) -> None:
+            try:
+                with store.acquire(r) as lease:
+                    for seq, line in enumerate(expected[r]):
+                        store.append(r, [line], lease=lease, seq=seq)
+            except BaseException as exc:  # reported below, in the test's thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=write, args=(r,)) for r in runs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
+        assert {r: store.load(r) for r in runs} == expected
 
 def journal_machine(make_store: Callable[[], Store]):
     """A Hypothesis RuleBasedStateMachine checking a store's journal against a list model."""

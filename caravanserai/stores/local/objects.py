@@ -10,6 +10,7 @@ a directory cannot compare and replace atomically without a lock.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..base import Objects, PutMode, os_failure
@@ -50,6 +51,19 @@ class LocalObjects(Objects):
         except OSError as exc:
             raise self._failure(exc, f"reading object {key!r}") from exc
 
+    def get_many(self, keys: Sequence[str]) -> dict[str, bytes]:
+        """Many small objects (the run index) by plain reads, without a Path per key."""
+        root, found = str(self.root), {}
+        for key in keys:
+            try:
+                with open(f"{root}/{self.check_key(key)}", "rb") as handle:
+                    found[key] = handle.read()
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+                continue
+            except OSError as exc:
+                raise self._failure(exc, f"reading object {key!r}") from exc
+        return found
+
     def exists(self, key: str) -> bool:
         try:
             return self._path(key).is_file()
@@ -59,9 +73,13 @@ class LocalObjects(Objects):
     def list(self, prefix: str = "") -> list[str]:
         keys = []
         try:
-            if not self.root.is_dir():
+            # walk only the folder the prefix names (not every checkpoint of every log)
+            folder_part = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+            plain = folder_part and all(p not in ("", ".", "..") for p in folder_part.split("/"))
+            top = self.root / folder_part if plain else self.root
+            if not top.is_dir():
                 return []
-            for folder, _dirs, files in os.walk(self.root):
+            for folder, _dirs, files in os.walk(top):
                 rel = Path(folder).relative_to(self.root).as_posix()
                 for name in files:
                     if name.startswith(".") and name.endswith(".tmp"):

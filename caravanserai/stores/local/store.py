@@ -29,23 +29,25 @@ import re
 import shutil
 import socket
 import stat
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ... import journal
-from ...errors import InvalidRunId, InvalidStoreUrl, JournalCorruptionError, RunLocked
+from ...errors import CaravanseraiError, InvalidRunId, InvalidStoreUrl, JournalCorruptionError, RunLocked
 from ...ids import is_legacy_readable, validate_run_id
 from ..base import Lease, Objects, Store, describe_holder, holder_info, os_failure
 from ..urls import split_url
 from .files import complete_lines, fsync_dir, make_dirs, valid_length, write_all, write_file_atomic
 from .legacy import WAYPOINT_FILE, is_legacy_dir, read_legacy_run
 from .objects import LocalDirectoryStore, LocalObjects
-from .views import RENDERER, is_stale, reconcile, views_lock
+from .views import RENDERER, VIEW_EVENTS, is_stale, reconcile, views_lock
 
 JOURNAL = "journal.jsonl"
 LOCK = "lock"
+INDEX_FILE = "index.json"  # the run index's entry for this run (caravanserai.runs.index)
 OBJECTS = ".objects"
 HOLDER_BYTES = 512
 HOLDER_WAIT = 2.0  # how long a contender re-reads a lock record that names no live holder yet
@@ -60,6 +62,11 @@ class LocalLease(Lease):
         self.journal_fd: int | None = None
         self.size = 0
         self.snapshot: list[str] | None = None  # the journal's lines as acquire read them
+
+    def renew(self) -> None:
+        """A flock does not expire: renewing only checks the lease is still held (once per append)."""
+        if self._released:
+            self.check()
 
     def _release(self) -> None:
         try:
@@ -245,6 +252,21 @@ class LocalStore(Store):
         snapshot, lease.snapshot = lease.snapshot, None  # only valid right after acquire
         return snapshot
 
+    def append(self, run_id: str, lines: Sequence[str], *, lease: Lease, seq: int, sync: bool = True) -> None:
+        """``Store.append``. The writer's usual call (this store's held lease on ``run_id``, the
+        expected ``seq``, a list of lines) goes straight to the write: the run id was checked when
+        the lease was acquired. Anything else takes the full checks and their errors."""
+        if not (type(lease) is LocalLease and lease.store is self and lease.run_id == run_id and lease.held
+                and seq == lease.next_seq and type(lines) is list and lines):
+            return super().append(run_id, lines, lease=lease, seq=seq, sync=sync)
+        try:
+            self._append(run_id, lines, lease=lease, seq=seq, sync=sync)
+        except CaravanseraiError:
+            raise
+        except OSError as exc:  # as Store._os_errors: StoreFull / StoreUnavailable, one line
+            raise os_failure(exc, self._describe(), f"appending to run {run_id!r}") from exc
+        lease.next_seq = seq + len(lines)
+
     def _append(self, run_id: str, lines: Sequence[str], *, lease: Lease, seq: int, sync: bool = True) -> None:
         assert isinstance(lease, LocalLease)  # Store.append checked it is this store's lease on this run
         data = ("\n".join(lines) + "\n").encode("utf-8")
@@ -253,7 +275,9 @@ class LocalStore(Store):
                                        0o600)
             fsync_dir(lease.run_dir)
         try:
-            write_all(lease.journal_fd, data)
+            written = os.write(lease.journal_fd, data)
+            if written != len(data):  # a short write (a signal, a nearly full disk): write the rest
+                write_all(lease.journal_fd, data[written:])
             if sync:
                 os.fdatasync(lease.journal_fd)
         except OSError:
@@ -264,9 +288,21 @@ class LocalStore(Store):
             raise
         lease.size += len(data)
 
+    def committed(self, run_id: str, events: Sequence[dict]) -> None:
+        """``Store.committed`` for a run this store has already resolved (its writer's): no id re-check."""
+        if run_id not in self._dirs:
+            return super().committed(run_id, events)
+        try:
+            self._committed(run_id, events)
+        except Exception:
+            pass  # views are a convenience; the journal already holds the truth
+
     def _committed(self, run_id: str, events: Sequence[dict]) -> None:
         if self.views:
-            RENDERER.submit(self.run_dir(run_id), events)
+            for event in events:  # views show the run's start and its waypoints: journaled calls never wake the renderer
+                if event["type"] in VIEW_EVENTS:
+                    RENDERER.submit(self.run_dir(run_id), events)
+                    return
 
     def flush_views(self) -> None:
         """Wait until views of this process's appends are written (tests, before reading files)."""
@@ -297,25 +333,94 @@ class LocalStore(Store):
             pass  # read-only media, permissions or a full disk: the journal is still readable
 
     def list(self) -> list[str]:
+        return sorted(self._scan())
+
+    def _scan(self) -> dict[str, tuple[Path, os.stat_result | None]]:
+        """Run id -> (directory, the journal's stat or None for a 0.2.0 run), in one listing.
+
+        The directories found are remembered, so reading each run afterwards never lists the
+        store again (which made listing N runs cost N listings).
+        """
         try:
-            entries = sorted(os.listdir(self.root))
+            entries = list(os.scandir(self.root))
         except FileNotFoundError:
-            return []
+            return {}
         except OSError as exc:
             raise os_failure(exc, self._describe(), "listing runs") from exc
-        runs = []
-        for name in entries:
-            path = self.root / name
+        runs: dict[str, tuple[Path, os.stat_result | None]] = {}
+        known = self._dirs
+        for entry in entries:
+            name = entry.name
             try:
-                if name.startswith(".") or not path.is_dir():
+                if name.startswith(".") or not entry.is_dir():
                     continue
-                if (path / JOURNAL).exists():
-                    runs.append(_journal_run_id(path) or name)
+                try:
+                    info: os.stat_result | None = os.stat(f"{entry.path}/{JOURNAL}")
+                except FileNotFoundError:
+                    info = None
+                path = known.get(name) or self.root / name
+                if info is not None:
+                    run_id = name if "~" not in name else _journal_run_id(path) or name
                 elif is_legacy_dir(path) and is_legacy_readable(name):
-                    runs.append(name)
+                    run_id = name
+                else:
+                    continue
             except OSError:
                 continue  # an entry we cannot read is not a run we can show
-        return sorted(runs)
+            runs[run_id] = (path, info)
+            if info is not None and run_id not in known:
+                known[run_id] = path
+        return runs
+
+    # -- the run index: one entry per run, in its directory (removed with it)
+    def index_get_many(self, run_ids: Sequence[str]) -> dict[str, bytes]:
+        found = {}
+        for run_id in run_ids:
+            try:
+                with open(f"{self._dirs.get(run_id) or self.run_dir(run_id)}/{INDEX_FILE}", "rb") as handle:
+                    found[run_id] = handle.read()
+            except OSError:
+                continue  # none yet, or unreadable: the index recomputes it from the journal
+        return found
+
+    def index_put(self, run_id: str, data: bytes) -> None:
+        """Replace the entry atomically, without fsync: it is a cache of the journal, and one lost in
+        a crash is recomputed (its version no longer matches, or it is missing)."""
+        run_dir = self.run_dir(run_id)
+        if not (run_dir / JOURNAL).exists():
+            return  # a 0.2.0 directory (views only): reading never writes into it; its entry is recomputed
+        temp = run_dir / f".{INDEX_FILE}.{os.getpid()}.{threading.get_ident()}.tmp"
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            try:
+                write_all(fd, data)
+            finally:
+                os.close(fd)
+            os.replace(temp, run_dir / INDEX_FILE)
+        except BaseException:
+            temp.unlink(missing_ok=True)  # a full disk leaves no stray temp file behind
+            raise
+
+    def index_delete(self, run_id: str) -> None:
+        try:
+            os.unlink(self.run_dir(run_id) / INDEX_FILE)
+        except FileNotFoundError:
+            pass
+
+    def _journal_versions(self, run_ids: Sequence[str] | None) -> dict[str, str]:
+        scanned = self._scan()
+        versions = {}
+        for run_id in scanned if run_ids is None else run_ids:
+            found = scanned.get(run_id)
+            if found is None:
+                continue
+            info = found[1]
+            if info is None:  # a 0.2.0 run: its files change rarely; read it
+                versions.update(super()._journal_versions([run_id]))
+            elif info.st_size:
+                # size for appends, mtime for a journal rewritten in place (which verify would call damaged)
+                versions[run_id] = f"{info.st_size}:{info.st_ino}:{info.st_mtime_ns}"
+        return versions
 
     def _remove(self, run_id: str) -> bool:
         run_dir = self.run_dir(run_id)

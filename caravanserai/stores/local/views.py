@@ -76,6 +76,9 @@ def views_lock(run_dir: Path) -> Iterator[None]:
         os.close(fd)  # closing drops the flock
 
 
+VIEW_EVENTS = frozenset({"run_started", "waypoint"})  # the only events a view shows (see _Pending.add)
+
+
 @dataclass
 class _Pending:
     waypoints: list[tuple[int, str, str, bool]] = field(default_factory=list)  # (n, at, note, imported)
@@ -165,6 +168,7 @@ class ViewRenderer:
         self._thread: threading.Thread | None = None
         self._flushing = 0
         self._last = 0.0
+        self._idle = False  # the thread waits for work (not out its interval): a submit must wake it
 
     def submit(self, run_dir: Path, events: Iterable[dict] = (), *,
                reconcile_from: Callable[[], Sequence[dict]] | None = None) -> None:
@@ -177,7 +181,8 @@ class ViewRenderer:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, name="caravanserai-views", daemon=True)
                 self._thread.start()
-            self._cond.notify_all()
+            elif self._idle:  # waking a thread that waits out its interval, only for it to wait again, costs the writer
+                self._cond.notify_all()
 
     def flush(self, run_dir: Path | None = None, timeout: float | None = 30.0) -> None:
         def done() -> bool:
@@ -201,7 +206,9 @@ class ViewRenderer:
     def _loop(self) -> None:
         while True:
             with self._cond:
+                self._idle = True
                 self._cond.wait_for(lambda: any(d not in self._busy for d in self._pending))
+                self._idle = False
                 while not self._flushing and time.monotonic() - self._last < self.interval:
                     self._cond.wait(self.interval - (time.monotonic() - self._last))
                 self._last = time.monotonic()
