@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from conftest import has_module  # noqa: F401 - re-exported to the browser tests
+
 REPO = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -179,12 +181,6 @@ def screenshot(page_or_locator, name: str) -> Path:
     path = ARTIFACTS / name
     page_or_locator.screenshot(path=str(path))
     return path
-
-
-def has_module(module: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(module) is not None
 
 
 def need_browser(*modules: str) -> None:

@@ -26,6 +26,11 @@ def need(condition: bool, reason: str) -> None:
     pytest.skip(reason)
 
 
+def has_module(module: str) -> bool:
+    """True if ``module`` can be imported (without importing it)."""
+    return importlib.util.find_spec(module) is not None
+
+
 def need_module(name: str, extra: str = "test") -> ModuleType:
     """Import ``name``, or skip (locally) / fail (under CI=true) naming the extra that installs it."""
     try:

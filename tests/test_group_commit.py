@@ -14,6 +14,7 @@ import time
 import uuid
 
 import pytest
+from conftest import need_module
 from servers.journal_service import JournalServiceProcess
 
 from caravanserai import LeaseLost, StoreFull, StoreUnavailable
@@ -193,7 +194,7 @@ def test_a_batch_whose_flush_fails_fails_every_member_and_leaves_nothing(sql_sto
 # ---- the journal service --------------------------------------------------------------------------
 @pytest.mark.parametrize("backing", ["sqlite", "local"])
 def test_service_appends_of_many_runs_survive_a_sigkill_right_after_their_acknowledgement(tmp_path, backing):
-    pytest.importorskip("uvicorn")
+    need_module("uvicorn", "http")
     from caravanserai import open_store
     from caravanserai.stores.http import HttpStore
 
@@ -239,7 +240,7 @@ def test_service_appends_of_many_runs_survive_a_sigkill_right_after_their_acknow
 
 
 def test_service_batch_refuses_its_fenced_and_stale_writers_while_the_others_commit(tmp_path):
-    pytest.importorskip("starlette")
+    need_module("starlette", "http")
     from caravanserai.stores.http_service import JournalService
 
     backing = SqliteStore(str(tmp_path / "backing.db"))
@@ -269,7 +270,7 @@ def test_service_batch_refuses_its_fenced_and_stale_writers_while_the_others_com
 
 
 def test_service_batch_whose_flush_fails_answers_every_member_with_the_error(tmp_path):
-    pytest.importorskip("starlette")
+    need_module("starlette", "http")
     from caravanserai.stores.http_service import JournalService, _error_for
 
     backing = SqliteStore(str(tmp_path / "backing.db"))
@@ -308,7 +309,7 @@ def test_an_exec_of_your_own_commits_each_append_alone_unless_group_commit_is_as
 
 @pytest.mark.parametrize("stripes", [256, 1], ids=["own-stripes", "one-shared-stripe"])
 def test_service_event_loop_commits_the_appends_of_one_turn_together(tmp_path, stripes):
-    pytest.importorskip("starlette")
+    need_module("starlette", "http")
     import asyncio
 
     from caravanserai.stores.http_service import JournalService

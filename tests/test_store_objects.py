@@ -11,6 +11,7 @@ import uuid
 import warnings
 
 import pytest
+from conftest import need_module
 
 from caravanserai.errors import (
     CaravanseraiError,
@@ -205,7 +206,7 @@ def test_the_seed_error_is_a_kind_of_the_one_error():
 
 
 def _http(**options):
-    pytest.importorskip("httpx")
+    need_module("httpx", "http")
     from caravanserai.stores.http import HttpStore
 
     return HttpStore("http://127.0.0.1:9", "token", **options)
@@ -232,7 +233,7 @@ def test_http_takes_lease_ttl_ms_and_still_the_deprecated_lock_ttl_ms():
 
 
 def test_the_service_refuses_a_short_ttl_with_the_same_error():
-    pytest.importorskip("starlette")
+    need_module("starlette", "http")
     from starlette.testclient import TestClient
 
     from caravanserai.stores.http_service import ApiError, create_app
@@ -258,7 +259,7 @@ def test_new_names_and_the_seed_aliases():
     assert S3Store is S3Objects and GCSStore is GCSObjects
     assert ObjectDurableStore is BucketStore and SqlDurableStore is SqlStore
     assert PreconditionFailed is ObjectPreconditionFailed
-    pytest.importorskip("httpx")
+    need_module("httpx", "http")
     from caravanserai.stores.http import HttpDurableStore, HttpStore
 
     assert HttpDurableStore is HttpStore

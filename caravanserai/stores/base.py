@@ -431,19 +431,26 @@ class Store(ABC):
         ``SequenceMismatch`` unless ``seq`` is ``lease.next_seq``. A failed append leaves the
         journal as it was; appending no lines is a no-op.
         """
-        run_id = validate_run_id(run_id)
+        # The writer's usual call costs no id check: a lease of this store on this run was only
+        # granted for a checked id. Anything else is checked, for the right error.
         if not isinstance(lease, Lease) or lease.store is not self or lease.run_id != run_id:
+            run_id = validate_run_id(run_id)
             raise ForeignLease(f"append to run {run_id!r} needs a lease on that run from {self._describe()} (acquire "
                                "it from this store)", run_id=run_id)
         lease.check()
         if seq != lease.next_seq:
             raise SequenceMismatch(f"append to run {run_id!r} at seq {seq}, but the journal's next seq is "
                                    f"{lease.next_seq}", run_id=run_id, expected=lease.next_seq)
-        lines = list(lines)
+        if type(lines) is not list:
+            lines = list(lines)
         if not lines:
             return
-        with self._os_errors(f"appending to run {run_id!r}"):
+        try:  # as _os_errors, inline: this is the hot path of every journaled call
             self._append(run_id, lines, lease=lease, seq=seq, sync=sync)
+        except CaravanseraiError:
+            raise
+        except OSError as exc:
+            raise os_failure(exc, self._describe(), f"appending to run {run_id!r}") from exc
         lease.next_seq = seq + len(lines)
 
     def acquire(self, run_id: str) -> Lease:

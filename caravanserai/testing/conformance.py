@@ -77,18 +77,12 @@ class ObjectsConformance:
     def test_objects_put_if_absent_has_one_winner_under_contention(self, objects: Objects) -> None:
         key = f"race/{uuid.uuid4().hex}"
         wins: list[bytes] = []
-        barrier = threading.Barrier(8)
 
         def contend(i: int) -> None:
-            barrier.wait()
             if objects.put_if_absent(key, f"writer {i}".encode()):
                 wins.append(f"writer {i}".encode())
 
-        threads = [threading.Thread(target=contend, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        _race(8, contend)
         assert len(wins) == 1
         assert objects.get(key) == wins[0]
 
@@ -156,23 +150,32 @@ class ObjectsConformance:
         base = objects.put(key, b"base", mode="create")
         assert base is not None
         wins: list[bytes] = []
-        barrier = threading.Barrier(6)
 
         def contend(i: int) -> None:
-            barrier.wait()
             try:
                 objects.put(key, f"writer {i}".encode(), mode=IfVersion(base))
             except ObjectPreconditionFailed:
                 return
             wins.append(f"writer {i}".encode())
 
-        threads = [threading.Thread(target=contend, args=(i,)) for i in range(6)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        _race(6, contend)
         assert len(wins) == 1
         assert objects.get(key) == wins[0]
+
+
+def _race(n: int, contend: Callable[[int], None]) -> None:
+    """Run ``contend(0..n-1)`` in ``n`` threads released together by a barrier; wait for all."""
+    barrier = threading.Barrier(n)
+
+    def go(i: int) -> None:
+        barrier.wait()
+        contend(i)
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
 
 
 ObjectStoreConformance = ObjectsConformance  # the name before the object face became one contract

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ... import journal
-from ...errors import CaravanseraiError, InvalidRunId, InvalidStoreUrl, JournalCorruptionError, RunLocked
+from ...errors import InvalidRunId, InvalidStoreUrl, JournalCorruptionError, RunLocked
 from ...ids import is_legacy_readable, validate_run_id
 from ..base import Lease, Objects, Store, describe_holder, holder_info, os_failure
 from ..urls import split_url
@@ -252,21 +252,6 @@ class LocalStore(Store):
         snapshot, lease.snapshot = lease.snapshot, None  # only valid right after acquire
         return snapshot
 
-    def append(self, run_id: str, lines: Sequence[str], *, lease: Lease, seq: int, sync: bool = True) -> None:
-        """``Store.append``. The writer's usual call (this store's held lease on ``run_id``, the
-        expected ``seq``, a list of lines) goes straight to the write: the run id was checked when
-        the lease was acquired. Anything else takes the full checks and their errors."""
-        if not (type(lease) is LocalLease and lease.store is self and lease.run_id == run_id and lease.held
-                and seq == lease.next_seq and type(lines) is list and lines):
-            return super().append(run_id, lines, lease=lease, seq=seq, sync=sync)
-        try:
-            self._append(run_id, lines, lease=lease, seq=seq, sync=sync)
-        except CaravanseraiError:
-            raise
-        except OSError as exc:  # as Store._os_errors: StoreFull / StoreUnavailable, one line
-            raise os_failure(exc, self._describe(), f"appending to run {run_id!r}") from exc
-        lease.next_seq = seq + len(lines)
-
     def _append(self, run_id: str, lines: Sequence[str], *, lease: Lease, seq: int, sync: bool = True) -> None:
         assert isinstance(lease, LocalLease)  # Store.append checked it is this store's lease on this run
         data = ("\n".join(lines) + "\n").encode("utf-8")
@@ -408,19 +393,23 @@ class LocalStore(Store):
             pass
 
     def _journal_versions(self, run_ids: Sequence[str] | None) -> dict[str, str]:
-        scanned = self._scan()
+        # every run: one listing of the store; a few runs (a writer ending its attempt): only their journals
+        found = self._scan() if run_ids is None else {r: self._journal_stat(r) for r in run_ids}
         versions = {}
-        for run_id in scanned if run_ids is None else run_ids:
-            found = scanned.get(run_id)
-            if found is None:
-                continue
-            info = found[1]
-            if info is None:  # a 0.2.0 run: its files change rarely; read it
+        for run_id, (_, info) in found.items():
+            if info is None:  # a 0.2.0 run (or none): its files change rarely; read it
                 versions.update(super()._journal_versions([run_id]))
             elif info.st_size:
                 # size for appends, mtime for a journal rewritten in place (which verify would call damaged)
                 versions[run_id] = f"{info.st_size}:{info.st_ino}:{info.st_mtime_ns}"
         return versions
+
+    def _journal_stat(self, run_id: str) -> tuple[Path, os.stat_result | None]:
+        run_dir = self.run_dir(run_id)
+        try:
+            return run_dir, os.stat(run_dir / JOURNAL)
+        except FileNotFoundError:
+            return run_dir, None
 
     def _remove(self, run_id: str) -> bool:
         run_dir = self.run_dir(run_id)
