@@ -437,6 +437,93 @@ def install_fsync_counter() -> FsyncCounter:
     return counter
 
 
+# ---- servers and floors the store benchmarks share ------------------------------------------------
+def load_helper(name: str) -> Any:
+    """``tests/servers/<name>.py``, the tests' own server helpers (``tests/`` put on ``sys.path`` once)."""
+    import importlib
+
+    tests = str(REPO / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    return importlib.import_module(f"servers.{name}")
+
+
+class HttpFloor:
+    """The journal service's floor operation: a bare POST of ``record`` to ``/health`` on one httpx
+    keep-alive client, then, with ``sync_path``, ``os.write`` + ``os.fdatasync`` of the same bytes in
+    that file (the service's disk). Call it as ``floor(i)``: for ``i >= 0`` (a timed call of
+    ``time_each``) the two parts go to ``post`` and ``fsync`` (s); ``status`` counts the answers."""
+
+    def __init__(self, url: str, record: bytes, sync_path: str | Path | None = None) -> None:
+        import httpx
+
+        self.base, self.record = url.split("?", 1)[0].rstrip("/"), record
+        self.client = httpx.Client(timeout=10)
+        self.sync = sync_appender(sync_path, record) if sync_path is not None else None
+        self.post: list[float] = []
+        self.fsync: list[float] = []
+        self.status: dict[int, int] = {}
+
+    def __call__(self, i: int = -1) -> None:
+        t = time.perf_counter()
+        answer = self.client.post(self.base + "/health", content=self.record,
+                                  headers={"Content-Type": "application/octet-stream"})
+        t2 = time.perf_counter()
+        if self.sync is not None:
+            self.sync()
+        self.status[answer.status_code] = self.status.get(answer.status_code, 0) + 1
+        if i >= 0:
+            self.post.append(t2 - t)
+            if self.sync is not None:
+                self.fsync.append(time.perf_counter() - t2)
+
+    def close(self) -> None:
+        if self.sync is not None:
+            self.sync.close()  # type: ignore[attr-defined]
+        self.client.close()
+
+
+def floor_http(url: str, n: int, warmup: int, record: bytes, *, sync_path: str | Path | None = None,
+               get_n: int = 0) -> dict:
+    """``n`` timed ``HttpFloor`` calls (after ``warmup``): a worker's ``floor_http`` result. ``get_n``
+    adds that many bare ``GET /health`` (``get_health``)."""
+    floor = HttpFloor(url, record, sync_path)
+    try:
+        samples = time_each(n, floor, warmup)
+        get = time_each(get_n, lambda i: floor.client.get(floor.base + "/health")) if get_n else []
+    finally:
+        floor.close()
+    out: dict[str, Any] = {"samples_us": to_us(samples), "post": describe(floor.post), "status_codes": floor.status}
+    if sync_path is not None:
+        out["fsync"] = describe(floor.fsync)
+        out["what"] = f"POST {len(record)} B to /health + os.write + os.fdatasync on the service's disk"
+    else:
+        out["what"] = f"POST of {len(record)} B to /health (httpx keep-alive)"
+    if get_n:
+        out["get_health"] = describe(to_us(get), scale=1)
+    return out
+
+
+def floor_pg(dsn: str, n: int, warmup: int, payload: str, table: str) -> dict:
+    """``n`` timed single-row ``INSERT`` of ``payload`` + COMMIT (an autocommit psycopg connection) into
+    a fresh ``table``, dropped after: PostgreSQL's floor, with the server's durability settings."""
+    import psycopg
+
+    conn = psycopg.connect(dsn, autocommit=True)
+    try:
+        conn.execute(f"DROP TABLE IF EXISTS {table}")
+        conn.execute(f"CREATE TABLE {table} (id BIGSERIAL PRIMARY KEY, payload TEXT NOT NULL)")
+        query = f"INSERT INTO {table} (payload) VALUES (%s)"
+        samples = time_each(n, lambda i: conn.execute(query, (payload,)), warmup)
+        settings = {name: conn.execute(f"SHOW {name}").fetchone()[0]
+                    for name in ("server_version", "fsync", "synchronous_commit", "wal_sync_method", "full_page_writes")}
+        conn.execute(f"DROP TABLE {table}")
+    finally:
+        conn.close()
+    return {"samples_us": to_us(samples), "settings": settings, "psycopg": psycopg.__version__,
+            "what": f"INSERT of {len(payload)} B + COMMIT (autocommit psycopg connection)"}
+
+
 # ---- statistics -------------------------------------------------------------------------------
 def median_of(values: Iterable[Any]) -> float | None:
     """Median of the numbers among ``values`` (None and the like skipped); None when there are none."""

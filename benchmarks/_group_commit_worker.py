@@ -30,7 +30,8 @@ import time
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _common import describe, emit_result, sync_appender, time_each, to_us, which_caravanserai, worker_parser  # noqa: E402
+import _common  # noqa: E402
+from _common import HttpFloor, describe, emit_result, to_us, which_caravanserai, worker_parser  # noqa: E402
 
 LINE = "x" * 151
 RECORD = (LINE + "\n").encode()
@@ -42,27 +43,7 @@ def wait_until(start_at: float) -> None:
 
 
 def floor_http(a: argparse.Namespace) -> dict:
-    import httpx
-
-    base = a.url.split("?", 1)[0].rstrip("/")
-    client = httpx.Client(timeout=10)
-    sync = sync_appender(os.path.join(a.dir, f"floor-{os.getpid()}.bin"), RECORD)
-    post = {"post": [], "fsync": []}
-
-    def op(i: int) -> None:
-        t = time.perf_counter()
-        client.post(base + "/health", content=RECORD, headers={"Content-Type": "application/octet-stream"})
-        t2 = time.perf_counter()
-        sync()
-        if i >= 0:
-            post["post"].append(t2 - t)
-            post["fsync"].append(time.perf_counter() - t2)
-
-    samples = time_each(a.n, op, a.warmup)
-    sync.close()
-    client.close()
-    return {"samples_us": to_us(samples), "post": describe(post["post"]), "fsync": describe(post["fsync"]),
-            "what": f"POST {len(RECORD)} B to /health + os.write + os.fdatasync on the service's disk"}
+    return _common.floor_http(a.url, a.n, a.warmup, RECORD, sync_path=os.path.join(a.dir, f"floor-{os.getpid()}.bin"))
 
 
 def paired(ours, floor, n: int) -> tuple[list[float], list[float]]:
@@ -88,25 +69,17 @@ def http(a: argparse.Namespace) -> dict:
         store.append(run_id, [LINE], lease=lease, seq=seq)
         seq += 1
     if a.paired:
-        import httpx
-
-        client = httpx.Client(timeout=10)
-        base, sync = a.url.split("?", 1)[0].rstrip("/"), sync_appender(os.path.join(a.dir, f"paired-{os.getpid()}.bin"),
-                                                                         RECORD)
+        floor = HttpFloor(a.url, RECORD, os.path.join(a.dir, f"paired-{os.getpid()}.bin"))
         state = {"seq": seq}
 
         def append() -> None:
             store.append(run_id, [LINE], lease=lease, seq=state["seq"])
             state["seq"] += 1
 
-        def floor() -> None:
-            client.post(base + "/health", content=RECORD, headers={"Content-Type": "application/octet-stream"})
-            sync()
-
         for _ in range(max(1, a.warmup)):
             floor()
         mine, theirs = paired(append, floor, a.n)
-        sync.close()
+        floor.close()
         lease.release()
         store.close()
         return {"samples_us": to_us(mine), "paired_floor_us": to_us(theirs), "run_id": run_id,
@@ -127,17 +100,7 @@ def http(a: argparse.Namespace) -> dict:
 
 
 def floor_pg(a: argparse.Namespace) -> dict:
-    import psycopg
-
-    conn = psycopg.connect(a.dsn, autocommit=True)
-    table = f"gc_floor_{os.getpid()}"
-    conn.execute(f"CREATE TABLE {table} (run_id TEXT NOT NULL, chunk BIGINT NOT NULL, lines TEXT NOT NULL, "
-                 "PRIMARY KEY (run_id, chunk))")
-    query = f"INSERT INTO {table} (run_id, chunk, lines) VALUES (%s, %s, %s)"
-    samples = time_each(a.n, lambda i: conn.execute(query, ("r", i, LINE)), a.warmup)
-    conn.execute(f"DROP TABLE {table}")
-    conn.close()
-    return {"samples_us": to_us(samples), "what": f"INSERT of {len(LINE)} B + COMMIT (autocommit psycopg)"}
+    return _common.floor_pg(a.dsn, a.n, a.warmup, LINE, f"gc_floor_{os.getpid()}")
 
 
 def pg(a: argparse.Namespace) -> dict:

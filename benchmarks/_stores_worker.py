@@ -41,6 +41,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 T_PROCESS = time.perf_counter()
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _common, also under python -I
+import _common  # noqa: E402
 from _common import (  # noqa: E402
     Usage,
     dbos_destroy,
@@ -103,20 +104,7 @@ def floor_sqlite(a: argparse.Namespace) -> dict:
 
 
 def floor_pg(a: argparse.Namespace) -> dict:
-    import psycopg
-
-    conn = psycopg.connect(a.dsn, autocommit=True)
-    table = f"bench_floor_{a.tag}"
-    conn.execute(f"DROP TABLE IF EXISTS {table}")
-    conn.execute(f"CREATE TABLE {table} (id BIGSERIAL PRIMARY KEY, payload TEXT NOT NULL)")
-    text, query = RECORD.decode(), f"INSERT INTO {table} (payload) VALUES (%s)"
-    samples = time_each(a.n, lambda i: conn.execute(query, (text,)), a.warmup)
-    settings = {name: conn.execute(f"SHOW {name}").fetchone()[0]
-                for name in ("server_version", "fsync", "synchronous_commit", "wal_sync_method", "full_page_writes")}
-    conn.execute(f"DROP TABLE {table}")
-    conn.close()
-    return {"samples_us": to_us(samples), "settings": settings, "psycopg": psycopg.__version__,
-            "what": f"INSERT of {len(RECORD)} B + COMMIT (autocommit psycopg connection)"}
+    return _common.floor_pg(a.dsn, a.n, a.warmup, RECORD.decode(), f"bench_floor_{a.tag}")
 
 
 def floor_s3(a: argparse.Namespace) -> dict:
@@ -130,21 +118,7 @@ def floor_s3(a: argparse.Namespace) -> dict:
 
 
 def floor_http(a: argparse.Namespace) -> dict:
-    import httpx
-
-    base = a.url.split("?", 1)[0].rstrip("/")
-    client = httpx.Client(timeout=10)
-    status: dict = {}
-
-    def post(i: int) -> None:
-        r = client.post(base + "/health", content=RECORD, headers={"Content-Type": "application/octet-stream"})
-        status[r.status_code] = status.get(r.status_code, 0) + 1
-
-    samples = time_each(a.n, post, a.warmup)
-    get = time_each(max(1, a.n // 4), lambda i: client.get(base + "/health"))
-    client.close()
-    return {"samples_us": to_us(samples), "status_codes": status, "get_health": stats(to_us(get)),
-            "what": f"POST of {len(RECORD)} B to /health (httpx keep-alive)"}
+    return _common.floor_http(a.url, a.n, a.warmup, RECORD, get_n=max(1, a.n // 4))
 
 
 # ---- ours ---------------------------------------------------------------------------------------

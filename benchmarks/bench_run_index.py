@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import io
 import json
 import sys
@@ -30,7 +29,19 @@ import time
 import uuid
 from typing import Any
 
-from _common import REPO, fmt_ratio, fmt_time, machine_notes, md_table, parse_args, save_results, say, say_verdict, workdir
+from _common import (
+    REPO,
+    fmt_ratio,
+    fmt_time,
+    load_helper,
+    machine_notes,
+    md_table,
+    parse_args,
+    save_results,
+    say,
+    say_verdict,
+    workdir,
+)
 
 sys.path.insert(0, str(REPO))
 from caravanserai import journal, open_store  # noqa: E402
@@ -44,12 +55,6 @@ except ImportError:  # pragma: no cover
 
 KINDS = ("local", "sqlite", "postgres", "s3")
 TARGET_S = 1.0
-
-
-def load_helper(name: str) -> Any:
-    """``tests/servers/<name>.py``, the tests' own server helpers."""
-    sys.path.insert(0, str(REPO / "tests"))
-    return importlib.import_module(f"servers.{name}")
 
 
 def template_events(i: int) -> list[dict]:

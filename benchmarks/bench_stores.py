@@ -35,7 +35,6 @@ included: ``benchmarks/results/stores.json``.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import secrets
@@ -56,6 +55,7 @@ from _common import (
     describe,
     fmt_load,
     fmt_us,
+    load_helper,
     loadavg,
     machine_notes,
     md_table,
@@ -81,11 +81,6 @@ NEEDS_SERVER = {"postgres": "a PostgreSQL server", "s3": "a moto S3 server", "la
                 "dbos": "PostgreSQL and the peers' venv"}
 PEER_BASE = {k: v for k, v in PEER_PINS.items() if k != "langgraph-checkpoint-sqlite"}
 PEER_EXTRA = ["langgraph-checkpoint-postgres", "psycopg[binary]", "psycopg-pool"]
-
-
-def load_helper(name: str):
-    """``tests/servers/<name>.py``, the tests' own server helpers."""
-    return importlib.import_module(f"servers.{name}")
 
 
 # ---- servers ------------------------------------------------------------------------------------

@@ -19,11 +19,12 @@ from typing import Any, NoReturn, cast
 
 from ._version import __version__
 from .cli_checkpoints import add_checkpoint_commands
-from .errors import CaravanseraiError, ResumeError, RunNotFound, UsageError
+from .errors import CaravanseraiError, ResumeError, ResumeNotConfirmed, RunNotFound, UsageError
 from .runs.api import clean, readable_run_id
 from .runs.index import age_seconds, check_index, list_runs
 from .runs.lifecycle import require_events
 from .runs.settle import settle
+from .runs.snapshots import TRUST_ENV, trusted
 from .runs.view import AttemptView, RunView, gc_paused, inspect_run
 from .stores import ENV_VAR, open_store
 
@@ -218,6 +219,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if args.store is not None or ENV_VAR in os.environ:
         env[ENV_VAR] = store.url  # the child must find this same store
     where = f" (in {cwd})" if cwd else ""
+    if not args.yes and not _store_trusted(store, run_id):
+        # the command is data read from a store others can write: a forged journal would choose what runs here
+        print(f"the journal asks to run: {shlex.join(command)}{where}", flush=True)
+        raise ResumeNotConfirmed(
+            f"run {run_id!r} is in {store.url}, a store that is not private to you nor trusted, so its journal chose "
+            f"the command above; check it, then run again with --yes (or list the store in {TRUST_ENV}); nothing was run",
+            run_id=run_id, store=store.url, command=command)
     print(f"resuming: {shlex.join(command)}{where}", flush=True)
     try:
         return subprocess.call(command, cwd=cwd, env=env)
@@ -226,6 +234,12 @@ def cmd_resume(args: argparse.Namespace) -> int:
             f"cannot run {command[0]!r} recorded for run {run_id!r}: {exc.strerror or exc}; re-run the script by hand",
             run_id=run_id,
         ) from None
+
+
+def _store_trusted(store: Any, run_id: str) -> bool:
+    """The rule pickle follows (a store private to this user, or one the user marked trusted), or a
+    local run whose files no one but this user can have written (a 0.2.0 directory made with umask 022)."""
+    return bool(store.private_to_user()) or trusted(store.url) or bool(store.run_written_only_by_user(run_id))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -309,6 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("resume", parents=[common], help="re-run the command that started the run, where it started")
     p.add_argument("run_id")
     p.add_argument("--force", action="store_true", help="run it even if it already completed")
+    p.add_argument("--yes", action="store_true",
+                   help="run the recorded command even from a store that is not private to you nor trusted")
     p.set_defaults(func=cmd_resume)
     p = sub.add_parser("journal", parents=[common], help="the run's journal events, one per line")
     p.add_argument("run_id")

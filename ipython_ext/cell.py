@@ -17,7 +17,7 @@ import difflib
 import shlex
 import sys
 import time
-from typing import Any
+from typing import Any, Literal
 
 from caravanserai.cli import ArgumentParser
 from caravanserai.errors import CellChanged
@@ -25,7 +25,7 @@ from caravanserai.errors import UsageError as CaravanseraiUsageError
 from caravanserai.journal import digest
 from caravanserai.runs.fork import fork
 from caravanserai.runs.lifecycle import RunScope
-from caravanserai.runs.snapshots import Snapshotter
+from caravanserai.runs.snapshots import Snapshotter, trusted
 from caravanserai.stores import open_store
 
 OUTPUT_LIMIT = 64 * 1024
@@ -95,6 +95,23 @@ class _Tee:
         return getattr(self.stream, name)
 
 
+#: What a completed cell re-shows from a store that is neither private to this user nor trusted:
+#: formats a front end renders inert. HTML, JavaScript, SVG (which can hold script), Markdown
+#: (which can hold HTML) and widget views are dropped, so a forged ``run_completed`` event cannot
+#: put script into the notebook.
+INERT_FORMATS = ("text/plain", "image/png", "image/jpeg")
+
+
+def shown_bundle(bundle: Any, trusted: bool) -> dict | None:
+    """The recorded display bundle to re-show: every string format from a private or trusted store,
+    only ``INERT_FORMATS`` from any other."""
+    if not isinstance(bundle, dict):
+        return None
+    kept = {k: v for k, v in bundle.items() if isinstance(k, str) and isinstance(v, str)
+            and (trusted or k in INERT_FORMATS)}
+    return kept or None
+
+
 class _Recorded:
     """A completed cell's last value, shown as the front end showed it, without recomputing it."""
 
@@ -129,6 +146,7 @@ class CellRun:
         self.strict = explicit
         self.assignments = {index: set(targets) for index, targets in assignments}
         self.execute = True
+        self.trusted_output = False
         self.result: Any = None
         self.stmt = 0
         self.resume_at: int | None = None
@@ -195,6 +213,7 @@ class CellRun:
             run.append({"type": "restarted", "definition_sha256": definition, "cell_source": self.source})
         self.snapshot = Snapshotter(self.namespace, self.names, objects=store.objects, run_id=run.run_id,
                                     store_url=store.url, strict=self.strict, trusted_store=store.private_to_user())
+        self.trusted_output = bool(store.private_to_user()) or trusted(store.url)  # the pickle rule
         saved = run.saved_names or {}
         if saved.get("values"):
             self.restored = set(self.snapshot.restore(saved["values"], self.deferred, definable=self.defined))
@@ -205,7 +224,7 @@ class CellRun:
         run.capture = self._capture
         run.listeners.append(self._on_commit)
 
-    def __exit__(self, etype: Any, error: Any, tb: Any) -> bool:
+    def __exit__(self, etype: Any, error: Any, tb: Any) -> Literal[False]:  # never swallows the cell's error
         run = self.run
         if run is None:
             return False
@@ -222,10 +241,12 @@ class CellRun:
             elif etype is None:
                 self.scope.complete = False  # completed earlier: re-show its output, record nothing
                 recorded = (run.completed_event or {}).get("result") or {}
-                if recorded.get("stdout"):
+                recorded = recorded if isinstance(recorded, dict) else {}  # data from the store, whatever its shape
+                if isinstance(recorded.get("stdout"), str) and recorded["stdout"]:
                     sys.stdout.write(recorded["stdout"])
                 if "repr" in recorded:
-                    self.result = _Recorded(recorded["repr"], recorded.get("display"))
+                    self.result = _Recorded(str(recorded["repr"]),
+                                            shown_bundle(recorded.get("display"), self.trusted_output))
         finally:
             run.capture = None
             if self._on_commit in run.listeners:
@@ -297,12 +318,14 @@ class StatusLine:
         self.completed = completed
         self.rich = shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
         self.handle = None
+        self.hint = ""
         self.shown_at = 0.0
         text = self.text()
         if self.rich:
             from IPython.display import display
 
-            self.handle = display(_Text(text, run.run_id), display_id=True)
+            self.hint = run.run_id  # while it runs the line names the magic; at the end a button opens the panels
+            self.handle = display(_Text(text, self.hint), display_id=True)
         else:
             print(text)
 
@@ -352,20 +375,39 @@ class StatusLine:
             changed, self.announced = current != self.announced, current
         if self.handle is not None and (force or changed or now - self.shown_at > 0.25):
             self.shown_at = now
-            self.handle.update(_Text(self.text(), self.run.run_id))
+            self.handle.update(_Text(self.text(), self.hint))
         elif self.handle is None and changed and any(self.announced):
             print(f"[caravanserai] {self.run.run_id}: " + " | ".join(self.warnings()), file=sys.stderr)
 
     def finish(self, etype: Any) -> None:
         ending = "done" if etype is None else "interrupted: run again to resume" if etype is KeyboardInterrupt else "failed"
         if self.handle is not None:
-            self.handle.update(_Text(self.text(ending), self.run.run_id))
+            # The button comes when the cell ends, not before: a widget made by an execution that
+            # is then SIGKILLed keeps JupyterLab (4.x) from running the cells after the restart.
+            link = _dashboard_link(self.run)
+            if link is not None:
+                self.hint = ""
+            self.handle.update(_Text(self.text(ending), self.hint))
+            if link is not None:
+                from IPython.display import display
+
+                display(link)
         elif not self.completed:
             print(self.text(ending))
 
 
+def _dashboard_link(run: Any) -> Any:
+    """The status line's link to the run's panels (a button that opens them), when widgets are installed."""
+    try:
+        from caravanserai.widgets import DashboardLink
+    except ImportError:  # no [notebook] extra: the line names the magic instead
+        return None
+    return DashboardLink(run.run_id, run.store)
+
+
 class _Text:
-    """The status line: text, and in HTML the command that opens the run's panels."""
+    """The status line: text, and in HTML the command that opens the run's panels (``run_id``: when
+    no "timeline ▸" button is shown under it)."""
 
     def __init__(self, text: str, run_id: str = "") -> None:
         self.text = text

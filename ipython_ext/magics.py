@@ -32,7 +32,7 @@ class CaravanseraiMagics(Magics):
         except ValueError as exc:
             raise UsageError(f"%caravanserai {line}: {exc}") from None
         if not words:
-            print(self.caravanserai.__doc__)
+            print(type(self).caravanserai.__doc__)  # the function's docstring (no bound method for mypy)
             return
         if words[0] == "store" and len(words) <= 2:
             if len(words) == 1:
@@ -72,7 +72,9 @@ class CaravanseraiMagics(Magics):
     @cell_magic
     def resumable(self, line: str, cell: str) -> None:
         """Run this cell as a durable run (see ``%%resumable?``); the extension's transformers do the work."""
-        result = self.shell.run_cell(f"{MAGIC} {line}\n{cell}", store_history=False)
+        shell = self.shell
+        assert shell is not None  # a magic runs inside the shell that registered it
+        result = shell.run_cell(f"{MAGIC} {line}\n{cell}", store_history=False)
         if result.error_before_exec is not None:
             raise result.error_before_exec
         if result.error_in_exec is not None:

@@ -121,10 +121,11 @@ class WrapCell(ast.NodeTransformer):
 
     def _wrap(self, node: ast.Module) -> ast.Module:
         body = node.body
-        if not (body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Call)
-                and getattr(body[0].value.func, "id", None) == MARKER):
+        marker = body[0] if body else None
+        if not (isinstance(marker, ast.Expr) and isinstance(marker.value, ast.Call)
+                and getattr(marker.value.func, "id", None) == MARKER):
             return node
-        marker = body[0]
+        call = marker.value
         statements = body[1:]
         names = assigned_names(statements)
         assignments: dict[int, list[str]] = {}
@@ -144,9 +145,11 @@ class WrapCell(ast.NodeTransformer):
             wrapped.extend([at, statement])
         run_body = ast.If(ast.Attribute(ast.Name(INSTANCE, ast.Load()), "execute", ast.Load()), wrapped or [ast.Pass()], [])
         factory = ast.Call(
-            ast.Name(FACTORY, ast.Load()), list(marker.value.args),
-            [ast.keyword("names", ast.Constant(tuple(names))),
-             ast.keyword("assignments", ast.Constant(tuple((k, tuple(v)) for k, v in assignments.items())))],
+            ast.Name(FACTORY, ast.Load()), list(call.args),
+            # a Constant holds a tuple of constants at runtime (compile() folds tuples so); typeshed omits it
+            [ast.keyword("names", ast.Constant(tuple(names))),  # type: ignore[arg-type]
+             ast.keyword("assignments",
+                         ast.Constant(tuple((k, tuple(v)) for k, v in assignments.items())))],  # type: ignore[arg-type]
         )
         block = ast.With([ast.withitem(factory, ast.Name(INSTANCE, ast.Store()))], [run_body])
         shown = ast.Expr(ast.Attribute(ast.Name(INSTANCE, ast.Load()), "shown", ast.Load()))

@@ -17,13 +17,16 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
-def need(condition: bool, reason: str) -> None:
-    """Skip when a real part (server, browser, kernel) is missing locally; fail under CI=true."""
+def need(condition: bool, reason: str, *, whole_module: bool = False) -> None:
+    """Skip when a real part (server, browser, kernel) is missing locally; fail under CI=true.
+
+    The one place a test skips (tests/test_package.py checks that no other file does);
+    ``whole_module=True`` at a module's top level skips (or fails) the whole module."""
     if condition:
         return
     if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
         pytest.fail(f"required for CI but missing: {reason}")
-    pytest.skip(reason)
+    pytest.skip(reason, allow_module_level=whole_module)
 
 
 def has_module(module: str) -> bool:
@@ -31,12 +34,12 @@ def has_module(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def need_module(name: str, extra: str = "test") -> ModuleType:
+def need_module(name: str, extra: str = "test", *, whole_module: bool = False) -> ModuleType:
     """Import ``name``, or skip (locally) / fail (under CI=true) naming the extra that installs it."""
     try:
         return importlib.import_module(name)
     except ImportError:
-        need(False, f"{name} is not installed: pip install 'caravanserai[{extra}]'")
+        need(False, f"{name} is not installed: pip install 'caravanserai[{extra}]'", whole_module=whole_module)
         raise
 
 

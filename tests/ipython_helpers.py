@@ -5,17 +5,14 @@ IPython's own test shell (``globalipapp``), the extension loaded per module, a f
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import os
 import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import has_module, need
 
-if importlib.util.find_spec("IPython") is None:  # the notebook layer is optional; the package imports without it
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        raise ImportError("required for CI but missing: IPython (the [test] extra installs it with ipykernel)")
-    pytest.skip("IPython is not installed", allow_module_level=True)
+# the notebook layer is optional (the package imports without it): skip locally, fail under CI=true
+need(has_module("IPython"), "IPython is not installed (the [test] extra installs it with ipykernel)", whole_module=True)
 
 import caravanserai.namespace as namespace  # noqa: E402
 from IPython.testing.globalipapp import get_ipython  # noqa: E402

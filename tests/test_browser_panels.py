@@ -117,6 +117,10 @@ def test_timeline_in_jupyterlab_after_a_kernel_kill(tmp_path, model_server, prox
             assert "cvs-end-killed" in attempts.nth(0).get_attribute("class")
             assert "killed" in attempts.nth(0).inner_text() and "completed" in attempts.nth(1).inner_text()
             assert panel.locator(".cvs-badge.cvs-replayed").count() >= 1  # answered from the journal, free
+            replay = panel.locator(".cvs-replay").first  # the free replay sits in attempt 2; the call is paid in 1
+            assert "paid in attempt 1" in replay.inner_text()
+            assert int(replay.get_attribute("data-index")) > int(attempts.nth(1).get_attribute("data-index"))
+            assert panel.locator(".cvs-later").first.inner_text() == "↺ attempt 2"
             assert len(proxy.posts("/chat/completions")) - sent_at_kill == len(TOPICS) - settled
             panel.locator(".cvs-waypoint").first.click()
             detail = panel.locator(".cvs-detail")
@@ -135,6 +139,12 @@ def test_timeline_in_jupyterlab_after_a_kernel_kill(tmp_path, model_server, prox
             background = panel.evaluate("el => getComputedStyle(el).backgroundColor")
             assert _luminance(background) < 0.35, background
             screenshot(page, "panels-timeline-dark.png")
+
+            loop_cell = page.locator(".jp-Notebook .jp-Cell").nth(1)  # the status line's link opens the dashboard
+            loop_cell.locator(".caravanserai-open").click()
+            loop_cell.locator(".cvs-panel .cvs-attempt", has_text="attempt 3").wait_for()
+            loop_cell.scroll_into_view_if_needed()
+            screenshot(page, "panels-status-link.png")
             assert page.errors == []  # type: ignore[attr-defined]
     finally:
         server.stop()
@@ -233,7 +243,7 @@ for i in range(5):
 def test_timeline_in_jupyter_notebook_7(tmp_path):
     need(has_module("notebook"), "notebook (Jupyter Notebook 7) is not installed (the [test] extra)")
     notebook(tmp_path / "nb7.ipynb", [SMALL_RUN, "from caravanserai.widgets import Timeline\nTimeline('small-run')",
-                                      "Timeline('no-such-run', live=False)"])
+                                      "Timeline('no-such-run', live=False)", WATCHERS])
     server = JupyterServer(tmp_path, app="notebook")
     try:
         with chromium(tmp_path / ".chrome") as page:
@@ -254,8 +264,27 @@ def test_timeline_in_jupyter_notebook_7(tmp_path):
             error.wait_for()  # a missing run: the typed error's one line, not a blank cell
             assert error.inner_text().startswith("RunNotFound: no run 'no-such-run'")
             screenshot(page, "panels-notebook7.png")
+            cells = page.locator(".jp-Notebook .jp-Cell")
+            cells.nth(3).locator(".jp-OutputArea-output", has_text="watchers:").wait_for()
+            for _ in range(2):  # re-run the Timeline cell: each old view is removed and its panel stops polling
+                cells.nth(1).locator(".jp-InputArea-editor").click()
+                page.keyboard.press("Control+Enter")
+                page.wait_for_timeout(1000)
+                cells.nth(1).locator(".cvs-waypoint", has_text="small step 4").wait_for()
+            cells.nth(3).locator(".jp-InputArea-editor").click()
+            page.keyboard.press("Control+Enter")
+            page.wait_for_timeout(1500)
+            counted = cells.nth(3).locator(".jp-OutputArea-output").inner_text()
+            assert counted.strip() == "watchers: 1", counted  # three Timelines built, one shown, one polling
     finally:
         server.stop()
+
+
+WATCHERS = """\
+import threading, time
+time.sleep(0.5)
+print("watchers:", sum(t.name == "caravanserai-panel" and t.is_alive() for t in threading.enumerate()))
+"""
 
 
 MARIMO_APP = '''\

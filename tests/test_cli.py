@@ -164,6 +164,50 @@ def test_resume_propagates_the_child_exit_code(project, child_env):
     assert cli("resume", "f", cwd=project, env=child_env, check_rc=7).returncode == 7
 
 
+def test_resume_from_a_store_not_private_prints_the_command_and_needs_yes(project, child_env):
+    """A shared store's journal names the command resume would run: without --yes nothing runs."""
+    url = caravanserai.open_store(f"sqlite:///{project / 'runs.db'}").url
+    (project / "job.py").write_text(textwrap.dedent("""
+        import pathlib, caravanserai
+        pathlib.Path("marker").write_text("ran")
+        caravanserai.checkpoint("shared", {"x": 1}, "one")
+    """))
+    subprocess.run([sys.executable, "job.py"], cwd=project, env={**child_env, "CARAVANSERAI_STORE": url}, check=True)
+    marker = project / "marker"
+    marker.unlink()
+    elsewhere = project / "elsewhere"
+    elsewhere.mkdir()
+    refused = cli("resume", "shared", "--store", url, cwd=elsewhere, env=child_env, check_rc=1)
+    assert refused.stdout.startswith("the journal asks to run: ") and "job.py" in refused.stdout
+    assert refused.stderr.count("\n") == 1 and "--yes" in refused.stderr and "nothing was run" in refused.stderr
+    assert "not private to you nor trusted" in refused.stderr and not marker.exists()
+    trusted = cli("resume", "shared", "--store", url, cwd=elsewhere, env={**child_env, "CARAVANSERAI_TRUSTED_STORES": url})
+    assert trusted.stdout.startswith("resuming: ") and marker.exists()
+    marker.unlink()
+    confirmed = cli("resume", "shared", "--yes", "--store", url, cwd=elsewhere, env=child_env)
+    assert confirmed.stdout.startswith("resuming: ") and marker.exists()
+
+
+def test_resume_of_a_local_run_others_could_write_needs_yes(project, child_env):
+    """A local run (a 0.2.0 directory made with umask 022 included) resumes without asking only when
+    no one but this user can have written its files."""
+    (project / "job.py").write_text(textwrap.dedent("""
+        import pathlib, caravanserai
+        pathlib.Path("marker").write_text("ran")
+        caravanserai.checkpoint("mine", {"x": 1}, "one")
+    """))
+    subprocess.run([sys.executable, "job.py"], cwd=project, env=child_env, check=True)
+    store = project / ".caravanserai"
+    store.chmod(0o755)  # readable by others, writable only by this user: not private, but only ours to write
+    (project / "marker").unlink()
+    assert cli("resume", "mine", cwd=project, env=child_env).stdout.startswith("resuming: ")
+    assert (project / "marker").exists()
+    (project / "marker").unlink()
+    (store / "mine").chmod(0o775)  # a group may write the run: its journal could choose the command
+    refused = cli("resume", "mine", cwd=project, env=child_env, check_rc=1)
+    assert "nothing was run" in refused.stderr and not (project / "marker").exists()
+
+
 def test_console_script_entry_point(project, child_env):
     exe = Path(sys.executable).with_name("caravanserai")
     need(exe.exists(), "console script not installed next to this interpreter (run from an installed venv)")

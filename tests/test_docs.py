@@ -68,6 +68,22 @@ def test_block_runs_as_printed(request, tmp_path, child_env, path, line, source)
             assert next(row for row in listed.splitlines() if row.startswith(run_id)).endswith(status)
 
 
+def test_the_readme_checkpoint_log_block_labels_each_step_once(tmp_path, child_env):
+    """The DurableAgent block's log: lineage, list and show agree on steps (no checkpoint committed
+    twice under two step numbers, each lineage counts 1, 2, ... up to the steps it ran)."""
+    source = next(s for _, s in blocks(README) if 'print(len(log.heads()), "heads")' in s)
+    subprocess.run([PYTHON, "-c", source], cwd=tmp_path, env=child_env, check=True, capture_output=True, timeout=180)
+
+    def cli(*argv: str) -> str:
+        return subprocess.run([PYTHON, "-m", "caravanserai", *argv], cwd=tmp_path, env=child_env, check=True,
+                              capture_output=True, text=True, timeout=60).stdout
+
+    lineages = [[int(row.split()[2]) for row in part.splitlines()[1:] if row.strip()]
+                for part in cli("lineage", "ticket-42").split("lineage of ")[1:]]
+    assert sorted(lineages) == [[1, 2, 2], [1, 2, 3, 4]]  # the fork at step 2, and the main line's 4 steps
+    assert "5 checkpoint(s), step 2/4" in cli("list") and "steps done 2/4" in cli("show", "ticket-42")
+
+
 def test_readme_notebook_cells_run_and_a_rerun_sends_nothing(tmp_path, model_server, proxy):
     need_kernel_packages()
     import nbformat

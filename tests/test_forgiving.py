@@ -123,6 +123,25 @@ def test_list_marks_a_damaged_run_and_lists_the_others(project, capsys):
     assert listed["broken"]["status"] == "damaged" and listed["broken"]["error"]["code"] == "journal_corruption"
 
 
+def test_list_shows_an_emptied_journal_beside_its_views_as_damaged(project, capsys):
+    for run_id in ("alpha", "emptied"):
+        checkpoint(run_id, {"n": 1}, "one")
+        checkpoint(run_id, {"n": 2}, "two")
+    caravanserai.runs.close_all()
+    store = caravanserai.open_store()
+    store.flush_views()
+    (project / ".caravanserai" / "emptied" / "journal.jsonl").write_bytes(b"")  # 0 bytes, waypoint-2.md still there
+    assert set(store.journal_versions()) == {"alpha", "emptied"}  # the run index sees it
+    code, out, _ = run_cli(capsys, "list")
+    rows = {row.split("\t")[0]: row for row in out.splitlines()}
+    assert code == 0 and set(rows) == {"alpha", "emptied"}
+    assert rows["emptied"].endswith("damaged") and "holds no waypoint but the views show waypoint 2" in rows["emptied"]
+    code, out, _ = run_cli(capsys, "list", "--json")
+    listed = {row["run_id"]: row for row in json.loads(out)}
+    assert listed["emptied"]["status"] == "damaged" and listed["emptied"]["error"]["code"] == "journal_corruption"
+    assert (project / ".caravanserai" / "emptied" / "journal.jsonl").read_bytes() == b""  # listing wrote nothing
+
+
 def test_show_of_a_failed_run_shows_the_failure(project, capsys):
     with pytest.raises(RuntimeError):
         with durable("fails"):

@@ -314,6 +314,39 @@ def test_a_completed_run_reshows_its_output_and_value_without_recomputing(sessio
     assert events("r-done") == journal_before  # nothing appended: not even an attempt
 
 
+FORGED_BUNDLE = {"text/plain": "42", "text/html": "<script>document.title = 'pwned'</script>",
+                 "application/javascript": "document.title = 'pwned'", "image/svg+xml": "<svg onload='alert(1)'/>",
+                 "text/markdown": "<img src=x onerror=alert(1)>", "image/png": "iVBORw0KGgo="}
+
+
+def test_a_completed_cell_reshows_only_inert_formats_from_a_store_not_private(session, project, monkeypatch):
+    """A forged run_completed event's display bundle: scripts are re-shown only from the user's own or
+    trusted store; from any other only text/plain and raster images come back."""
+    from durable_helpers import rewrite_journal
+
+    cell = "%%resumable r-forged\nanswer = 6 * 7\nanswer\n"
+    first, _ = run(cell)
+    assert first.success and first.result == 42
+    recorded = events("r-forged")
+    for event in recorded:
+        if event["type"] == "run_completed":
+            event["result"]["display"] = dict(FORGED_BUNDLE)
+    store_dir = project / ".caravanserai"
+    rewrite_journal(store_dir / "r-forged" / "journal.jsonl", recorded)  # the chain verifies: only the bundle is hostile
+
+    def reshown() -> dict:
+        forget("answer")
+        again, _ = run(cell)
+        assert again.success, again.error_in_exec
+        return ip.display_formatter.format(again.result)[0]
+
+    assert reshown() == FORGED_BUNDLE  # the user's own store (mode 0700): as the front end showed it
+    os.chmod(store_dir, 0o755)  # readable by others: no longer private to this user
+    assert reshown() == {"text/plain": "42", "image/png": "iVBORw0KGgo="}
+    monkeypatch.setenv("CARAVANSERAI_TRUSTED_STORES", f"file://{store_dir}")
+    assert reshown() == FORGED_BUNDLE  # trusted like a store trusted for pickle
+
+
 # ---- edited cells: CellChanged, --fork, --restart -------------------------------------------
 def test_an_edited_cell_raises_cell_changed_saying_what_changed(session):
     log = session

@@ -63,3 +63,49 @@ def test_the_wheel_holds_every_module_of_the_source_tree(tmp_path):
         expected |= {f"caravanserai/{folder}/{p.relative_to(REPO / folder).as_posix()}" for p in (REPO / folder).rglob("*.py")}
     assert expected - names == set()
     assert "caravanserai/py.typed" in names
+    static = {f"caravanserai/widgets/static/{p.name}" for p in (REPO / "widgets" / "static").iterdir()}
+    assert static and static - names == set()  # the panels' JS and CSS ship in the wheel (no CDN)
+
+
+def _skips_outside_the_ci_rule(root: Path) -> list[str]:
+    """``file:line`` of every ``importorskip(...)`` and bare ``pytest.skip(...)`` under ``root``, but
+    in conftest.py, whose ``need()`` / ``need_module()`` skip locally and fail under CI=true."""
+    import ast
+
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        if path.name == "conftest.py" and path.parent == root:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            owner = func.value.id if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) else ""
+            if name == "importorskip" or (name == "skip" and owner == "pytest"):
+                found.append(f"{path.relative_to(root.parent).as_posix()}:{node.lineno}")
+    return found
+
+
+def test_every_skip_goes_through_the_ci_rule():
+    """A missing dependency skips locally and fails under CI=true: tests use conftest's ``need`` /
+    ``need_module``, never ``pytest.importorskip`` or a bare ``pytest.skip``."""
+    assert _skips_outside_the_ci_rule(REPO / "tests") == []
+
+
+def test_the_skip_scan_names_file_and_line(tmp_path):
+    root = tmp_path / "tests"
+    root.mkdir()
+    (root / "conftest.py").write_text("import pytest\n\ndef need():\n    pytest.skip('x')\n")
+    (root / "test_x.py").write_text("import pytest\n\nnp = pytest.importorskip('numpy')\n\n\n"
+                                    "def test_a():\n    pytest.skip('no')\n    text = 'pytest.skip(in a string)'\n")
+    assert _skips_outside_the_ci_rule(root) == ["tests/test_x.py:3", "tests/test_x.py:7"]
+
+
+def test_migrating_names_every_moved_module_path():
+    """docs/migrating.md lists each old module path with its new one, and says where settle went."""
+    from caravanserai._moved import MOVED
+
+    text = (REPO / "docs" / "migrating.md").read_text(encoding="utf-8")
+    assert [old for old, new in MOVED.items() if f"| `{old}` | `{new}` |" not in text] == []
+    assert "`caravanserai.runs.settle`" in text

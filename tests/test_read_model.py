@@ -2,11 +2,12 @@
 
 The main run is written by real child processes SIGKILLed at chosen points: attempt 1 is killed
 after step 1's calls settled but before its waypoint, attempt 2 (which replays step 1's calls from
-the journal) is killed inside step 2's model call, attempt 3 completes. The view must give every
-attempt with how it ended, every call (replayed ones marked, the pending one, the failed one, the
-unpriced one), every tool call and waypoint, the same receipt the ledger computes and typed
-DataFrames. Forks (a journal-position fork and a CheckpointLog fork), a tampered figure, a missing
-run, an ``interrupted`` attempt and a ``--restart`` are covered on their own.
+the journal) is killed inside step 2's model call, attempt 3 completes; the run is then forked at
+waypoint 2. The view must give every attempt with how it ended, every call (replayed ones marked,
+the pending one, the failed one, the unpriced one), every tool call and waypoint, the same receipt
+the ledger computes and typed DataFrames, and the fork's view must name its parent and the fork
+point. Other forks (a ``forked_from`` journal position and a CheckpointLog fork), a tampered
+figure, a missing run, an ``interrupted`` attempt and a ``--restart`` are covered on their own.
 """
 
 from __future__ import annotations
@@ -191,6 +192,27 @@ def test_a_run_killed_twice_and_resumed(killed_run):
         sum(c.usd for c in models if c.usd is not None), 10)
     assert view.summary == run_summary(events) and view.summary["status"] == "completed"
     assert view.loops == {} and view.forks == () and view.parent is None and view.checkpoints is None
+
+    # a fork of this run at waypoint 2: the child names its parent and the fork point
+    child_id = caravanserai.fork(RUN, at=2)
+    point = next(e for e in events if e["type"] == "waypoint" and e["n"] == 2)
+    child = inspect_run(child_id)
+    assert child.parent == ParentView(RUN, None, point["seq"])
+    assert read_events(child_id)[0]["forked_from"] == {"run_id": RUN, "seq": point["seq"], "waypoint": 2}
+    assert [(w.n, w.note) for w in child.waypoints] == [(1, "step 0 done"), (2, "step 1 done")]
+    assert child.state() == {"step": 2} and child.status == "pending" and child.forks == ()
+    before_fork = [c.call_id for c in view.calls if c.seq < point["seq"]]
+    assert len(before_fork) == 4 and [c.call_id for c in child.calls][:4] == before_fork  # the parent's calls, copied
+    marker = child.journal_df().iloc[-1]
+    assert marker["type"] == "forked"
+    assert marker["summary"] == f"forked from run {RUN} at waypoint 2 (its event {point['seq']})"
+
+    # the parent is only read: every attempt, call, tool call and waypoint is still returned
+    after = inspect_run(RUN)
+    assert read_events(RUN) == events and after.events == view.events and after.status == "completed"
+    assert (after.attempts, after.waypoints, after.calls, after.tools) == (view.attempts, view.waypoints, view.calls,
+                                                                           view.tools)
+    assert after.receipt.to_dict() == view.receipt.to_dict() and after.parent is None
 
 
 def test_the_dataframes_are_typed(killed_run):

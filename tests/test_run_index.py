@@ -164,3 +164,35 @@ def test_index_repaired_after_a_killed_writer_matches_the_journal(tmp_path: Path
     assert check_index(store) == []
     assert json.loads(store.index_get_many(["victim"])["victim"])["summary"]["waypoints"] == after["waypoints"]
 
+
+
+def test_a_resume_decodes_its_journal_once(any_store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opening the run decodes its journal; the index refresh when the attempt ends builds its entry
+    from the events the writer holds, so a resume reads and decodes the journal exactly once."""
+    from caravanserai import journal
+    from caravanserai.runs.index import compute_entry
+
+    with pytest.raises(KeyboardInterrupt):  # attempt 1: two waypoints, then interrupted (the run stays pending)
+        with caravanserai.durable("resumed", store=any_store) as run:
+            run.checkpoint({"i": 0}, "step 0")
+            run.checkpoint({"i": 1}, "step 1")
+            raise KeyboardInterrupt
+    decodes: list[str] = []
+    real = journal.decode
+
+    def counting(run_id, lines, **kw):
+        decodes.append(run_id)
+        return real(run_id, lines, **kw)
+
+    monkeypatch.setattr(journal, "decode", counting)
+    with caravanserai.durable("resumed", store=any_store) as run:  # the resume: identity check, replay, 2 more
+        assert run.state == {"i": 1}
+        run.checkpoint({"i": 2}, "step 2")
+        run.checkpoint({"i": 3}, "step 3")
+    assert decodes == ["resumed"]
+    monkeypatch.setattr(journal, "decode", real)
+    version = any_store.journal_versions(["resumed"])["resumed"]
+    entry = list_runs(any_store)[0]
+    assert entry["version"] == version  # the entry written at the attempt's end is current...
+    assert json.loads(json.dumps(entry, default=str)) == json.loads(json.dumps(compute_entry("resumed", any_store, version),
+                                                                               default=str))  # ...and the journal's

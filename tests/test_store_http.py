@@ -15,17 +15,12 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import REPO, need_module
 
-try:
-    import httpx
-    import starlette  # noqa: F401
-    import uvicorn  # noqa: F401
-except ImportError as exc:  # the [http] extra; required under CI
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        raise
-    pytest.skip(f"needs pip install 'caravanserai[http]' ({exc.name})", allow_module_level=True)
+httpx = need_module("httpx", "http", whole_module=True)  # the [http] extra: skipped locally, required under CI
+need_module("starlette", "http", whole_module=True)
+need_module("uvicorn", "http", whole_module=True)
 
-from conftest import REPO  # noqa: E402
 from servers._proc import free_port  # noqa: E402
 from servers.journal_service import JournalServiceProcess  # noqa: E402
 
@@ -87,6 +82,10 @@ class TestHttpStoreOnSqlite(StoreConformance):
         yield store
         store.close()
 
+    @pytest.fixture
+    def store_url(self):
+        return f"{shared_server('sqlite').url}/?token={TOKEN}&lease_ttl_ms=3000"
+
 
 class TestHttpStoreOnLocalDirectory(StoreConformance):
     @pytest.fixture
@@ -94,6 +93,10 @@ class TestHttpStoreOnLocalDirectory(StoreConformance):
         store = shared_server("dir").client()
         yield store
         store.close()
+
+    @pytest.fixture
+    def store_url(self):
+        return f"{shared_server('dir').url}/?token={TOKEN}&lease_ttl_ms=3000"
 
 
 _MACHINE_STORES: list[HttpDurableStore] = []
@@ -300,6 +303,81 @@ def test_durable_checkpoints_through_the_service_render_views_in_the_backing_dir
     while not (run_dir / "waypoint-2.md").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert (run_dir / "waypoint-2.md").exists()
+    store.close()
+
+
+# ---- requests the service refuses: typed, one line ------------------------------------------------------
+class LimitedServer(Server):
+    """The real service (uvicorn, a child process) with a small request body limit: ``create_app``'s
+    ``max_body_bytes``, which ``serve`` passes on when patched to."""
+
+    def __init__(self, store_url: str, max_body_bytes: int) -> None:
+        self.store_url, self.port = store_url, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        code = ("import functools, caravanserai.stores.http_service as s; "
+                f"s.create_app = functools.partial(s.create_app, max_body_bytes={max_body_bytes}); "
+                f"s.serve({store_url!r}, port={self.port}, token={TOKEN!r})")
+        env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 20
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                time.sleep(0.05)
+        self.stop()
+        raise RuntimeError("the limited service did not start")
+
+
+def test_a_request_over_the_body_limit_is_store_request_too_large(tmp_path, sleeps):
+    from caravanserai.errors import StoreRequestTooLarge
+
+    server = LimitedServer(str(tmp_path / "backing"), max_body_bytes=4096)
+    try:
+        store = server.client()
+        lease = store.acquire("big")
+        small, tail = make_lines("big", 2)
+        store.append("big", small, lease=lease, seq=0)
+        big, _ = make_lines("big", 1, tail, blob="x" * 8000)
+        with pytest.raises(StoreRequestTooLarge) as info:
+            store.append("big", big, lease=lease, seq=2)
+        text = str(info.value)
+        assert "\n" not in text and info.value.code == "store_request_too_large" and info.value.limit == 4096
+        assert "HTTP 413" in text and "4096 bytes" in text and "max_body_bytes" in text and "nothing was written" in text
+        assert isinstance(info.value, ValueError) and sleeps == []  # not retried
+        assert store.load("big") == small  # nothing written, nothing lost
+        lease.release()
+        store.close()
+    finally:
+        server.stop()
+
+
+def test_a_service_url_with_a_wrong_path_is_one_line_in_the_cli(tmp_path):
+    server = shared_server("sqlite")
+    proc = subprocess.run([sys.executable, "-m", "caravanserai", "list", "--store",
+                           f"{server.url}/wrong-prefix?token={TOKEN}"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 1 and proc.stdout == "", proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(f"caravanserai: error: {server.url}/wrong-prefix is not a caravanserai journal service")
+    assert "HTTP 404" in proc.stderr and "`caravanserai serve` printed" in proc.stderr
+
+
+def test_a_request_the_service_rejects_is_store_request_rejected():
+    from caravanserai.errors import InvalidStoreUrl, StoreRequestRejected
+
+    server = shared_server("sqlite")
+    store = server.client()
+    with pytest.raises(StoreRequestRejected) as info:  # the protocol's own 400, from the real service
+        store._post("runs/rejected/append", {"token": 1, "seq": 0, "lines": "not a list"}, run_id="rejected")
+    assert info.value.code == "store_request_rejected" and info.value.status == 400
+    assert info.value.service_code == "bad_request" and "'lines' must be" in str(info.value)
+    assert "\n" not in str(info.value) and store.load("rejected") == []
+    with pytest.raises(InvalidStoreUrl) as wrong:  # a path the service does not have
+        store._request("GET", "no-such-route")
+    assert "is not a caravanserai journal service" in str(wrong.value) and "HTTP 404" in str(wrong.value)
     store.close()
 
 

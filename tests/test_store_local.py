@@ -20,6 +20,10 @@ class TestLocalStore(StoreConformance):
     def store(self, tmp_path):
         yield LocalStore(tmp_path / ".caravanserai")
 
+    @pytest.fixture
+    def store_url(self, tmp_path):
+        return str(tmp_path / "by-url")
+
 
 TestLocalJournalMachine = journal_machine(lambda: LocalStore(tempfile.mkdtemp() + "/.caravanserai")).TestCase
 

@@ -13,5 +13,9 @@ class TestMemoryStore(StoreConformance):
     def store(self):
         yield MemoryStore(uuid.uuid4().hex)
 
+    @pytest.fixture
+    def store_url(self):
+        return f"memory://{uuid.uuid4().hex}"
+
 
 TestMemoryJournalMachine = journal_machine(lambda: MemoryStore(uuid.uuid4().hex)).TestCase

@@ -25,6 +25,10 @@ class TestPostgresStore(StoreConformance):
         yield store
         store.close()
 
+    @pytest.fixture
+    def store_url(self, pg):
+        return f"{pg.dsn}?table=t_{uuid.uuid4().hex[:12]}&create_schema=1&lease_ttl_ms=3000"
+
 
 @pytest.fixture
 def machine_class(pg):

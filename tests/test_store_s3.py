@@ -26,6 +26,10 @@ class TestS3Store(StoreConformance):
     def store(self, s3):
         return open_store(_url(s3))
 
+    @pytest.fixture
+    def store_url(self, s3):
+        return _url(s3)
+
 
 def test_journal_state_machine(s3):
     from hypothesis import settings
@@ -96,6 +100,10 @@ class TestS3StoreCompactingOften(StoreConformance):
         store = open_store(_url(s3) + "&compact_every=5&delta_every=2")  # the URL options
         assert (store.compact_every, store.delta_every) == (5, 2)
         return store
+
+    @pytest.fixture
+    def store_url(self, s3):
+        return _url(s3) + "&compact_every=5&delta_every=2"
 
 
 class _Recorder:

@@ -22,6 +22,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import need_module
 from servers._proc import free_port
 
 import caravanserai
@@ -93,7 +94,7 @@ def any_store(request, tmp_path):
         store = open_store(f"s3://{bucket}/p?endpoint={s3.endpoint}&region=us-east-1&access_key_id=testing"
                            "&secret_access_key=testing&lease_ttl_ms=3000")
     else:
-        httpx = pytest.importorskip("httpx")
+        httpx = need_module("httpx", "http")
         from caravanserai.stores.http import HttpDurableStore
 
         sent: list = []
@@ -187,8 +188,8 @@ def test_internal_directories_are_not_legacy_runs(tmp_path):
 
 
 def test_the_journal_service_checks_ids_with_the_same_rule(tmp_path):
-    pytest.importorskip("starlette")
-    pytest.importorskip("httpx")
+    need_module("starlette", "http")
+    need_module("httpx", "http")
     from caravanserai.service import create_app
     from starlette.testclient import TestClient
 
@@ -259,10 +260,11 @@ URL_ROWS = [
 
 @pytest.mark.parametrize("url, error, hint", URL_ROWS, ids=[row[0] for row in URL_ROWS])
 def test_bad_store_urls_are_one_line_errors(project, url, error, hint):
-    extra = {"postgresql": "psycopg", "s3": "obstore", "gs": "obstore", "az": "obstore", "http": "httpx"}
-    module = extra.get(url.split(":", 1)[0])
+    needs = {"postgresql": ("psycopg", "postgres"), "s3": ("obstore", "s3"), "gs": ("obstore", "s3"),
+             "az": ("obstore", "s3"), "http": ("httpx", "http")}
+    module = needs.get(url.split(":", 1)[0])
     if module and "://" in url:
-        pytest.importorskip(module)
+        need_module(*module)
     url = url.format(tmp=project, port=free_port())
     before = tree(project)
     with pytest.raises(error) as info:
@@ -272,6 +274,35 @@ def test_bad_store_urls_are_one_line_errors(project, url, error, hint):
     assert hint in text, text
     assert "hunter2" not in text and "hunter2" not in repr(info.value.fields)
     assert tree(project) == before  # no directory named 'sqlite:', no database file
+
+
+def test_a_short_lease_ttl_is_one_error_by_url_or_by_constructor(project):
+    """The one minimum, the one error: ``LeaseTtlInvalid`` from a constructor and from a URL option
+    (where it is also an ``InvalidStoreUrl``, so URL error handling keeps catching it)."""
+    from caravanserai import LeaseTtlInvalid
+    from caravanserai.errors import LeaseTtlOptionInvalid
+    from caravanserai.stores.objects import BucketStore
+
+    need_module("httpx", "http")
+    from caravanserai.stores.http import HttpStore
+
+    made = [lambda: SqliteStore(str(project / "a.db"), lease_ttl_ms=5),
+            lambda: BucketStore(caravanserai.MemoryObjects(), lease_ttl_ms=5),
+            lambda: HttpStore("http://127.0.0.1:9", "t", lease_ttl_ms=5)]
+    opened = [lambda: open_store("sqlite:///a.db?lease_ttl_ms=5"),
+              lambda: open_store("http://127.0.0.1:9/?token=t&lease_ttl_ms=5"),
+              lambda: open_store("http://127.0.0.1:9/?token=t&lock_ttl_ms=5")]
+    for make in made + opened:
+        with pytest.raises(LeaseTtlInvalid) as info:
+            make()
+        assert info.value.minimum == 3000 and isinstance(info.value, ValueError)
+        assert "3000" in one_line(info.value)
+    for make in opened:
+        with pytest.raises(InvalidStoreUrl) as info:
+            make()
+        assert type(info.value) is LeaseTtlOptionInvalid and info.value.code == "invalid_store_url"
+        assert info.value.option in ("lease_ttl_ms", "lock_ttl_ms") and info.value.lease_ttl_ms == 5
+    assert not (project / "a.db").exists()  # refused before anything is created
 
 
 def test_a_real_server_refusing_a_libpq_option_is_invalid_store_url(pg):
@@ -526,6 +557,94 @@ def test_run_locked_always_names_a_live_holder(tmp_path, child_env):
         assert latest_start <= h1 and earliest_end >= h0, (key, count, holds[key], latest_start, earliest_end)
 
 
+HOLDER = textwrap.dedent("""
+    import sys, time
+    from caravanserai.stores import open_store
+    lease = open_store(sys.argv[1]).acquire(sys.argv[2])
+    print("held", flush=True)
+    time.sleep(60)
+""")
+
+
+def test_append_event_names_the_holder_when_the_run_stays_locked(tmp_path, child_env):
+    from caravanserai import RunLocked
+    from caravanserai.runs.lifecycle import append_event
+
+    root = tmp_path / "s"
+    child = subprocess.Popen([PYTHON, "-c", HOLDER, str(root), "held"], env=child_env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "held"
+        before = tree(root / "held")
+        with pytest.raises(RunLocked) as info:
+            append_event(LocalStore(root), "held", {"type": "note"}, tries=3)
+        text = one_line(info.value)
+        assert info.value.holder["pid"] == child.pid and f"pid {child.pid} on " in text and " since " in text
+        assert "another process" not in text and "(3 tries)" in text and "a note event" in text
+        assert {k: v for k, v in tree(root / "held").items() if k != "lock"} == \
+            {k: v for k, v in before.items() if k != "lock"}  # nothing appended
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_sql_run_locked_names_the_holder_or_says_why_it_cannot(tmp_path, monkeypatch):
+    from caravanserai import RunLocked
+
+    path = str(tmp_path / "runs.db")
+    holder_store, other = SqliteStore(path), SqliteStore(path)
+    lease = holder_store.acquire("busy")
+    with pytest.raises(RunLocked) as info:
+        other.acquire("busy")
+    assert info.value.holder["lease"] == lease.holder["lease"] and f"pid {os.getpid()} on " in one_line(info.value)
+    real = other._q
+    reads: list[str] = []
+
+    def lease_ends_between_reads(name, params):  # the holder's lease ended between the take and the read
+        reads.append(name)
+        return [] if name == "live_holder" else real(name, params)
+
+    monkeypatch.setattr(other, "_q", lease_ends_between_reads)
+    with pytest.raises(RunLocked) as info:
+        other.acquire("busy")
+    assert reads.count("acquire") == 2 and reads.count("live_holder") == 2  # read again once
+    assert info.value.holder["lease"] == lease.holder["lease"] and "its lease ended just after" in one_line(info.value)
+    monkeypatch.setattr(other, "_q", lambda name, params: [] if name in ("live_holder", "holder") else real(name, params))
+    with pytest.raises(RunLocked) as info:
+        other.acquire("busy")
+    text = one_line(info.value)
+    assert info.value.holder is None and "lease row vanished or named no holder when read, on two tries" in text
+    assert "another process" not in text
+    lease.release()
+    holder_store.close()
+    other.close()
+
+
+def test_object_store_run_locked_names_the_writer_that_won_the_race(monkeypatch):
+    from caravanserai import RunLocked
+    from caravanserai.stores import IfVersion, MemoryObjects
+    from caravanserai.stores.objects import BucketStore
+
+    objects = MemoryObjects()
+    first, racer, late = (BucketStore(objects, lease_ttl_ms=3000) for _ in range(3))
+    first.acquire("race").release()  # the lease object exists, expired: anyone may take it over
+    taken: list = []
+    real_put = late._bucket.put
+
+    def racer_wins(key, data, mode="overwrite"):  # (the three stores share this object face)
+        if key == late._lease_key("race") and isinstance(mode, IfVersion) and not taken:
+            taken.append(None)
+            taken[0] = racer.acquire("race")  # another writer's CAS lands between this one's read and write
+        return real_put(key, data, mode=mode)
+
+    monkeypatch.setattr(late._bucket, "put", racer_wins)
+    with pytest.raises(RunLocked) as info:
+        late.acquire("race")
+    text = one_line(info.value)
+    assert info.value.holder["lease"] == taken[0].holder["lease"] and f"pid {os.getpid()} on " in text
+    assert "just taken by another writer" not in text
+    taken[0].release()
+
+
 # ---- 6. private stores, SQLite file modes -------------------------------------------------------
 def test_private_to_user(tmp_path, monkeypatch):
     store = LocalStore(tmp_path / "mine")
@@ -554,35 +673,8 @@ def test_sqlite_files_are_private(tmp_path):
 
 
 # ---- 7. open_store's cache forgets closed stores ------------------------------------------------
-@pytest.fixture(params=["local", "memory", "sqlite", "postgres", "s3"])
-def store_url(request, tmp_path):
-    kind = request.param
-    if kind == "local":
-        return str(tmp_path / "local")
-    if kind == "memory":
-        return f"memory://{uuid.uuid4().hex}"
-    if kind == "sqlite":
-        return f"sqlite:///{tmp_path}/cache.db"
-    if kind == "postgres":
-        pg = request.getfixturevalue("pg")
-        return f"{pg.dsn}?table=t_{uuid.uuid4().hex[:10]}&create_schema=1"
-    s3 = request.getfixturevalue("s3")
-    bucket = f"cache-{uuid.uuid4().hex[:10]}"
-    s3.create_bucket(bucket)
-    return f"s3://{bucket}/p?endpoint={s3.endpoint}&region=us-east-1&access_key_id=testing&secret_access_key=testing"
-
-
-def test_close_takes_a_store_out_of_the_cache(store_url):
-    first = open_store(store_url)
-    assert open_store(store_url) is first
-    _write(first, "r", 1)
-    first.close()
-    second = open_store(store_url)
-    assert second is not first
-    assert second.list() == ["r"]
-    second.close()
-
-
+# close-then-reopen by URL on every backend (the journal service included) is a conformance case:
+# StoreConformance.test_close_then_open_store_again_lists_and_appends (caravanserai/testing).
 def test_a_closed_sqlite_store_says_so_in_one_line(tmp_path):
     store = open_store(f"sqlite:///{tmp_path}/closed.db")
     store.close()
@@ -622,7 +714,7 @@ def test_missing_credentials_name_the_environment_variables(s3, monkeypatch):
 
 
 def test_a_rust_panic_becomes_one_line_and_interrupts_pass_through():
-    pytest.importorskip("obstore")
+    need_module("obstore", "s3")
     from obstore.store import from_url
 
     from caravanserai.stores.obstore_objects import ObstoreObjects
@@ -640,7 +732,7 @@ def test_a_rust_panic_becomes_one_line_and_interrupts_pass_through():
 
 
 def test_an_unreachable_endpoint_is_one_line_without_a_debug_dump():
-    pytest.importorskip("obstore")
+    need_module("obstore", "s3")
     store = open_store(f"s3://nowhere/x?endpoint=http://127.0.0.1:{free_port()}&region=us-east-1&access_key_id=a"
                        "&secret_access_key=hunter2")
     with pytest.raises(StoreUnavailable) as info:
@@ -651,8 +743,8 @@ def test_an_unreachable_endpoint_is_one_line_without_a_debug_dump():
 
 # ---- 9. the HTTP client maps the service's typed errors --------------------------------------------
 def test_service_errors_keep_their_type_over_http(tmp_path):
-    pytest.importorskip("starlette")
-    httpx = pytest.importorskip("httpx")
+    need_module("starlette", "http")
+    httpx = need_module("httpx", "http")
     from caravanserai.service import create_app
     from starlette.testclient import TestClient
 

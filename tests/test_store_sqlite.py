@@ -20,6 +20,10 @@ class TestSqliteStore(StoreConformance):
         yield store
         store.close()
 
+    @pytest.fixture
+    def store_url(self, tmp_path):
+        return f"sqlite:///{tmp_path}/by-url.db?lease_ttl_ms=3000"
+
 
 TestSqliteJournalMachine = journal_machine(lambda: SqliteStore(tempfile.mkdtemp() + "/m.db", lease_ttl_ms=3000)).TestCase
 

@@ -14,6 +14,9 @@ import enum
 import json
 import os
 import subprocess
+import sys
+import textwrap
+import types
 import typing
 import uuid
 from decimal import Decimal
@@ -149,6 +152,63 @@ def test_classes_resolve_only_through_the_namespace_the_allow_list_or_the_defaul
     finally:
         values._ALLOWED.clear()
     assert "openai.types.chat.chat_completion:ChatCompletion" in values.allowed_classes()
+
+
+def lookup_traps() -> tuple[types.ModuleType, list[str]]:
+    """A module with a lazy ``__getattr__`` and a module-level object with a property, each of which
+    records being run (and would hand back a real dataclass): class lookup must run neither."""
+    ran: list[str] = []
+    module = types.ModuleType("lookup_traps")
+
+    def lazy(name: str):
+        ran.append(f"module __getattr__({name})")
+        return Reading
+
+    class Holder:
+        @property
+        def Inner(self):
+            ran.append("property Inner")
+            return Reading
+
+    module.__getattr__ = lazy  # type: ignore[attr-defined]
+    module.obj = Holder()  # type: ignore[attr-defined]
+    return module, ran
+
+
+@pytest.mark.parametrize("ref", ["lookup_traps:Missing", "lookup_traps:sub.Reading", "lookup_traps:obj.Inner",
+                                 "lookup_traps:obj.Inner.sensor"])
+def test_class_lookup_runs_no_module_getattr_and_no_property(ref, monkeypatch):
+    from caravanserai.runs.openai_client import _from_dict
+
+    module, ran = lookup_traps()
+    monkeypatch.setitem(sys.modules, "lookup_traps", module)
+    entry = {"$t": "dataclass", "class": ref, "v": {"sensor": "s", "at": None, "tags": []}}
+    with pytest.raises(ClassNotAllowed) as info:
+        values.decode(entry, {"traps": module})
+    assert "nothing was called" in str(info.value) and ran == []
+    monkeypatch.setattr(sys.modules["__main__"], "traps", module, raising=False)  # _from_dict's namespace
+    response = _from_dict({"type": ref, "body": {"id": "x"}})
+    assert response.id == "x" and ran == []  # plain attributes; neither the hook nor the property ran
+
+
+def test_class_lookup_never_imports_a_lazy_submodule(child_env):
+    need_module("numpy")
+    script = textwrap.dedent("""
+        import sys, numpy
+        from caravanserai import ClassNotAllowed
+        from caravanserai.runs import values
+        assert "numpy.f2py" not in sys.modules
+        try:
+            values.decode({"$t": "dataclass", "class": "numpy:f2py.Foo", "v": {}}, {"np": numpy})
+        except ClassNotAllowed:
+            pass
+        else:
+            raise SystemExit("resolved")
+        print(sorted(name for name in sys.modules if name.startswith("numpy.f2py")))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], env=child_env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"  # numpy's module __getattr__ would have imported numpy.f2py
 
 
 MARKER_CASES = ["typed-dataclass", "typed-pydantic", "typed-enum", "typed-namedtuple", "legacy-dataclass",

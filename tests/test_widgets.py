@@ -100,6 +100,13 @@ def test_timeline_rows_show_attempts_calls_and_waypoints(story):
         assert {t["tool"] for t in tools} == {"double"} and {t["effect"] for t in tools} == {"idempotent"}
         assert [t["replayed_in"] for t in tools if t["replayed"]] == [[2]]  # step 3's tool call, settled before
         assert rows.index(attempts[1]) > rows.index(waypoints[1])  # the boundary sits where the kill happened
+        # paid where it was paid (attempt 1); attempt 2 shows a free replay row for each call answered from the journal
+        assert replayed[0]["attempt"] == 1 and replayed[0]["paid"]
+        replays = [r for r in rows if r["kind"] == "replay"]
+        assert sorted(r["kind_of"] for r in replays) == ["model", "tool"]
+        assert all(r["attempt"] == 2 and r["paid_in"] == 1 and rows.index(r) > rows.index(attempts[1]) for r in replays)
+        model_replay = next(r for r in replays if r["kind_of"] == "model")
+        assert model_replay["call_id"] == replayed[0]["call_id"] and model_replay["tokens"] == replayed[0]["tokens"]
         summary = timeline.summary
         view = inspect_run("story")
         assert summary["status"] == "completed" and summary["attempts"] == 2 and summary["replayed"] == 2
@@ -109,6 +116,15 @@ def test_timeline_rows_show_attempts_calls_and_waypoints(story):
         assert json.loads(timeline.detail["state"]) == {"done": 3, "note": "**step 3**"}
         assert timeline.detail["note"] == "finished **step 3** of 4"
         assert json.loads(timeline.detail["event"])["type"] == "waypoint"
+
+        timeline.cursor = rows.index(replayed[0])  # a call's detail: from intent to result
+        assert json.loads(timeline.detail["event"])["type"] == "call_started"
+        result = json.loads(timeline.detail["result"])
+        assert result["type"] == "call_settled" and result["call"]["usage"]["total_tokens"] == replayed[0]["tokens"]
+        timeline.cursor = rows.index(model_replay)  # a replay's detail: the journal's record and the call it answers
+        assert json.loads(timeline.detail["event"])["type"] == "replayed"
+        assert json.loads(timeline.detail["call"])["seq"] == replayed[0]["seq"]
+        assert "answered from the journal in attempt 2" in timeline.detail["title"]
     finally:
         timeline.close()
 
@@ -185,6 +201,44 @@ def test_a_live_timeline_shows_new_events_from_another_writer_and_stops_when_clo
     assert not thread.is_alive() and not timeline.live
 
 
+def _say(panel, action: str) -> None:
+    """What a browser view of ``panel`` sends (panels.js): attach, alive, detach."""
+    panel._on_message(panel, {"action": action}, [])
+
+
+def test_a_live_panel_polls_only_while_a_view_shows_it(project, monkeypatch):
+    """A re-run cell or a cleared output removes the view: its watcher stops; a view again restarts it."""
+    caravanserai.checkpoint("viewed", {"i": 0}, "first")
+    timeline = Timeline("viewed")
+    try:
+        first = timeline._thread
+        assert first.is_alive()  # no view yet (Python only): it polls
+        _say(timeline, "attach")
+        _say(timeline, "detach")  # the only view went away
+        first.join(2)
+        assert not first.is_alive() and not timeline.live
+        caravanserai.checkpoint("viewed", {"i": 1}, "while nobody looked")
+        _say(timeline, "attach")  # shown again: catches up at once and polls again
+        assert timeline.live and timeline._thread.is_alive() and timeline.summary["waypoints"] == 2
+        second = timeline._thread
+        _say(timeline, "attach")  # a second view of the same panel
+        _say(timeline, "detach")
+        time.sleep(0.5)
+        assert second.is_alive()  # one view is still there
+        monkeypatch.setattr("caravanserai.widgets.panel.STALE_SECONDS", 0.3)  # the last view's tab closed: no word
+        second.join(3)
+        assert not second.is_alive() and not timeline.live
+        caravanserai.checkpoint("viewed", {"i": 2}, "third")
+        _say(timeline, "alive")  # it speaks again: polling resumes with what it missed
+        assert timeline.live and timeline.summary["waypoints"] == 3
+        monkeypatch.setattr("caravanserai.widgets.panel.STALE_SECONDS", 150.0)
+        timeline.unwatch()
+        _say(timeline, "attach")  # unwatch() is the user's word: a view does not undo it
+        assert not timeline.live
+    finally:
+        timeline.close()
+
+
 def test_errors_are_one_line_in_the_panel(project):
     missing = Timeline("nobody", live=False)
     assert missing.error.startswith("RunNotFound: ") and "\n" not in missing.error and missing.total == 0
@@ -200,6 +254,9 @@ def test_errors_are_one_line_in_the_panel(project):
     unreachable = Timeline("x", store="http://127.0.0.1:9/?token=t&retries=0", live=False)
     assert unreachable.error.startswith("StoreUnavailable: ") and "\n" not in unreachable.error
     unreachable.close()
+    runs = Runs("http://127.0.0.1:9/?token=t&retries=0", live=False)  # a store that cannot be reached: the line
+    assert runs.list.error.startswith("StoreUnavailable: ") and "\n" not in runs.list.error and runs.list.total == 0
+    runs.close()
 
 
 def test_journal_table_filters_sorts_and_gives_the_selection_back(story):
@@ -253,15 +310,104 @@ def test_charts_plot_the_journals_figures(story):
 
 def test_runs_lists_every_run_marks_damage_and_opens_a_timeline(story):
     caravanserai.checkpoint("second", {"x": 1}, "one")
+    caravanserai.checkpoint("broken", {"a": 1}, "one")
+    caravanserai.checkpoint("broken", {"a": 2}, "two")
     caravanserai.runs.close_all()
+    journal = story / ".caravanserai" / "broken" / "journal.jsonl"
+    journal.write_text(journal.read_text().replace('"a":1', '"a":5'))  # breaks the hash chain
     panel = Runs(live=False)
     try:
         rows = {r["run_id"]: r for r in all_rows(panel.list)}
-        assert set(rows) == {"story", "second"}
+        assert set(rows) == {"story", "second", "broken"} and panel.list.error == ""
+        assert rows["broken"]["status"] == "damaged"  # marked; the others are listed as usual
         assert rows["story"]["status"] == "completed" and rows["story"]["attempts"] == 2
         index = all_rows(panel.list).index(rows["second"])
         panel.list.cursor = index
         assert panel.timeline is not None and panel.timeline.run_id == "second"
-        assert panel.children[1] is panel.timeline and panel.timeline.total == 2
+        assert panel.children[-1] is panel.timeline and panel.timeline.total == 2
+
+        panel.chart_button.value = True  # attempts and cost per run, drawn from the rows listed
+        assert panel.chart is not None and bytes(panel.chart.value).startswith(b"\x89PNG") and panel.chart in panel.children
+        panel.chart_button.value = False
+        assert panel.chart is None and panel.children == (panel.list, panel.chart_button, panel.timeline)
+    finally:
+        panel.close()
+
+
+def test_the_status_line_link_opens_the_dashboard(project):
+    from caravanserai.widgets import DashboardLink
+
+    caravanserai.checkpoint("linked", {"x": 1}, "one")
+    link = DashboardLink("linked")
+    try:
+        bundle = link._repr_mimebundle_()
+        assert bundle["text/plain"] == "timeline: %caravanserai show linked"  # a saved notebook says what to type
+        assert "application/vnd.jupyter.widget-view+json" in bundle
+        assert link.dashboard is None  # nothing read before the click
+        link.children[0].click()
+        dashboard = link.dashboard
+        assert dashboard is not None and link.children == (dashboard,)
+        assert dashboard.timeline.summary["waypoints"] == 1 and dashboard.journal.total == dashboard.timeline.view.events
+        dashboard.selected_index = 2
+        assert len(dashboard.charts.children) == 2  # cost and latency, drawn when the tab opens
+    finally:
+        link.close()
+
+
+def test_rich_reprs_have_html_and_plain_text(story):
+    view = inspect_run("story")
+    receipt = view.receipt
+    with durable("story-repr") as run:
+        run.checkpoint({"x": 1}, "step 4 of a **note**")
+        shown = [run._repr_mimebundle_(), view._repr_mimebundle_(), receipt._repr_mimebundle_()]
+        shown.append(run.latest._repr_mimebundle_())
+    for bundle in shown:
+        assert set(bundle) >= {"text/html", "text/plain"} and bundle["text/plain"].strip()
+        assert "<script" not in bundle["text/html"]
+    assert "story-repr" in shown[0]["text/plain"] and "story" in shown[1]["text/html"]
+    assert "completed" in shown[1]["text/plain"] and "2 attempt" in shown[1]["text/plain"]
+    assert f"{receipt.tokens}" in shown[2]["text/plain"].replace(",", "")
+    assert "waypoint 1" in shown[3]["text/html"] and "step 4 of a" in shown[3]["text/plain"]
+
+
+@pytest.fixture(params=["sqlite", "postgres", "s3", "http"])
+def shared_url(request, tmp_path: Path):
+    """A shared store's URL, as a teammate would pass it to ``Runs`` (real servers on loopback)."""
+    import uuid
+
+    kind, tag = request.param, uuid.uuid4().hex[:8]
+    if kind == "sqlite":
+        yield f"sqlite:///{tmp_path / 'team.db'}"
+    elif kind == "postgres":
+        yield f"{request.getfixturevalue('pg').dsn}?table=runs_{tag}&create_schema=1"
+    elif kind == "s3":
+        s3 = request.getfixturevalue("s3")
+        s3.create_bucket(f"team-{tag}")
+        yield (f"s3://team-{tag}/runs?endpoint={s3.endpoint}&region=us-east-1&access_key_id=testing"
+               "&secret_access_key=testing&allow_http=true")
+    else:
+        from servers.journal_service import JournalServiceProcess
+
+        service = JournalServiceProcess(f"sqlite:///{tmp_path / 'svc.db'}", "token-0123456789abcdef")
+        try:
+            yield f"{service.url}/?token=token-0123456789abcdef"
+        finally:
+            service.stop()
+    caravanserai.runs.close_all()
+
+
+def test_runs_lists_a_shared_stores_runs_and_opens_their_timelines(project, shared_url):
+    for run_id, steps in (("teammate-a", 2), ("teammate-b", 3)):
+        for i in range(steps):
+            caravanserai.checkpoint(run_id, {"i": i}, f"{run_id} step {i}", store=shared_url)
+    caravanserai.runs.close_all()
+    panel = Runs(shared_url, live=False)
+    try:
+        assert panel.list.error == ""
+        rows = {r["run_id"]: r for r in all_rows(panel.list)}
+        assert {r: rows[r]["waypoints"] for r in rows} == {"teammate-a": 2, "teammate-b": 3}
+        panel.list.cursor = all_rows(panel.list).index(rows["teammate-b"])
+        notes = [r["note"] for r in all_rows(panel.timeline) if r["kind"] == "waypoint"]
+        assert notes == [f"teammate-b step {i}" for i in range(3)]
     finally:
         panel.close()

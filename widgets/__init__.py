@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .charts import cost_chart, latency_chart, runs_chart
 from .compare import Compare
-from .dashboard import Dashboard, show
+from .dashboard import Dashboard, DashboardLink, show
 from .fork import ForkPanel, ForkSteps
 from .journal import JournalTable
 from .lineage import Lineage, LineageTree
@@ -21,5 +21,5 @@ from .panel import Panel
 from .runs import Runs, RunsList
 from .timeline import Timeline
 
-__all__ = ["Compare", "Dashboard", "ForkPanel", "ForkSteps", "JournalTable", "Lineage", "LineageTree", "Panel", "Runs",
-           "RunsList", "Timeline", "cost_chart", "latency_chart", "runs_chart", "show"]
+__all__ = ["Compare", "Dashboard", "DashboardLink", "ForkPanel", "ForkSteps", "JournalTable", "Lineage", "LineageTree",
+           "Panel", "Runs", "RunsList", "Timeline", "cost_chart", "latency_chart", "runs_chart", "show"]

@@ -4,7 +4,7 @@
   a call answered from the journal in a later attempt is a point at zero cost there; calls of a
   model without a list price are marked "unpriced" and never counted as $0.
 - ``latency_chart(run)``: each call's duration (intent to result) and the time between waypoints.
-- ``runs_chart(store)``: attempts and cost per run of a store.
+- ``runs_chart(store)``: attempts and cost per run of a store (the Runs panel's "chart" button).
 
 The plotted series are the read model's figures (``caravanserai.runs.view``), nothing recomputed.
 """
@@ -17,6 +17,7 @@ from datetime import datetime
 
 from matplotlib.figure import Figure
 
+from caravanserai.runs.index import list_runs
 from caravanserai.runs.view import RunView, inspect_run
 from caravanserai.stores import Store, open_store
 
@@ -118,18 +119,23 @@ def latency_chart(run: RunView | str, store: Store | str | None = None) -> Figur
     return fig
 
 
-def runs_chart(store: Store | str | None = None, *, views: list[RunView] | None = None) -> Figure:
-    """Attempts (left) and inferred USD (right) per run of ``store``; runs with unpriced calls are hatched."""
+def runs_chart(store: Store | str | None = None, *, rows: list[dict] | None = None) -> Figure:
+    """Attempts (left) and inferred USD (right) per run of ``store``; runs with unpriced calls are hatched.
+
+    The figures come from the run index (``list_runs``: one read of each changed journal at most);
+    ``rows`` (the Runs panel's rows) draws those instead.
+    """
     resolved = open_store(store)
-    views = views if views is not None else [inspect_run(r, resolved) for r in resolved.list()]
-    fig = Figure(figsize=(7.5, max(2.0, 0.3 * len(views) + 1.2)), layout="constrained")
+    if rows is None:
+        rows = [entry.row for entry in list_runs(resolved)]
+    fig = Figure(figsize=(7.5, max(2.0, 0.3 * len(rows) + 1.2)), layout="constrained")
     att_ax, usd_ax = fig.subplots(1, 2, sharey=True)
-    names = [v.run_id for v in views]
-    att_ax.barh(names, [len(v.attempts) for v in views], color="#6e7781")
+    names = [str(r["run_id"]) for r in rows]
+    att_ax.barh(names, [r.get("attempts") or 0 for r in rows], color="#6e7781")
     att_ax.set_xlabel("attempts")
-    bars = usd_ax.barh(names, [v.receipt.estimated_usd for v in views], color="#1f6feb")
-    for bar, v in zip(bars, views, strict=True):
-        if v.receipt.unpriced:
+    bars = usd_ax.barh(names, [r.get("usd") or 0.0 for r in rows], color="#1f6feb")
+    for bar, row in zip(bars, rows, strict=True):
+        if row.get("unpriced"):
             bar.set_hatch("//")
             bar.set_label("has unpriced calls")
     usd_ax.set_xlabel("USD (inferred; hatched: + unpriced calls)")

@@ -44,7 +44,8 @@ class Compare(Panel):
                  live: bool = True) -> None:
         names, store = _refs_and_store(refs, store)
         super().__init__(CompareSource(names, store, only_diff=only_diff, fold=fold), only_diff=only_diff, fold=fold)
-        self.tick() or self.send_window()
+        if not self.tick():
+            self.send_window()
         if live:
             self.watch(COMPARE_POLL_SECONDS)
 

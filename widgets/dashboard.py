@@ -1,4 +1,5 @@
-"""``show(run_id)``: one dashboard with a run's Timeline, JournalTable and charts as tabs."""
+"""``show(run_id)``: one dashboard with a run's Timeline, JournalTable and charts as tabs; and the
+``%%resumable`` status line's link to it (``DashboardLink``)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,35 @@ class Dashboard(ipywidgets.Tab):
     def close(self) -> None:
         self.timeline.close()
         self.journal.close()
+        super().close()
+
+
+class DashboardLink(ipywidgets.VBox):
+    """A "timeline ▸" button under a ``%%resumable`` status line: a click opens the run's dashboard
+    in its place (nothing is read before). Without a widget front end it reads as the magic to type."""
+
+    def __init__(self, run_id: str, store: Store | str | None = None) -> None:
+        self.run_id, self.store = run_id, store
+        self.dashboard: Dashboard | None = None
+        button = ipywidgets.Button(description="timeline ▸", tooltip=f"open {run_id}: Timeline, Journal and Charts",
+                                   layout=ipywidgets.Layout(width="auto"))
+        button.add_class("caravanserai-open")
+        button.on_click(lambda _: self.open_dashboard())
+        super().__init__([button], layout=ipywidgets.Layout(align_items="flex-start"))
+
+    def open_dashboard(self) -> Dashboard:
+        """Open (once) the run's dashboard in place of the button."""
+        if self.dashboard is None:
+            self.dashboard = Dashboard(self.run_id, self.store)
+            self.children = (self.dashboard,)
+        return self.dashboard
+
+    def __repr__(self) -> str:
+        return f"timeline: %caravanserai show {self.run_id}"
+
+    def close(self) -> None:
+        if self.dashboard is not None:
+            self.dashboard.close()
         super().close()
 
 

@@ -36,7 +36,8 @@ class ForkSteps(Panel):
     def __init__(self, run_or_log: Any, store: Store | str | None = None, *, live: bool = True) -> None:
         super().__init__(StepsSource(run_or_log, store))
         self.owner: ForkPanel | None = None
-        self.tick() or self.send_window()
+        if not self.tick():
+            self.send_window()
         if live:
             self.watch(1.0)
 

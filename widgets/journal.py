@@ -27,9 +27,9 @@ class JournalTable(Panel):
 
     sort = traitlets.List(["seq", True]).tag(sync=True)  # [column, ascending]
     filters = traitlets.Dict().tag(sync=True)  # type, attempt, text, since, until
-    types = traitlets.List().tag(sync=True)
-    attempt_numbers = traitlets.List().tag(sync=True)
-    selected_seqs = traitlets.List().tag(sync=True)
+    types: traitlets.List[str] = traitlets.List().tag(sync=True)
+    attempt_numbers: traitlets.List[int] = traitlets.List().tag(sync=True)
+    selected_seqs: traitlets.List[int] = traitlets.List().tag(sync=True)
 
     def __init__(self, run_id: str, store: Store | str | None = None, *, live: bool = True) -> None:
         super().__init__(panel="journal")
@@ -40,7 +40,8 @@ class JournalTable(Panel):
         self._shown: Any = None
         self.observe(lambda _: self._refilter(), names=["sort", "filters"])
         self.observe(lambda _: self.send_window(), names=["selected_seqs"])
-        self.tick() or self.send_window()
+        if not self.tick():
+            self.send_window()
         if live:
             self.watch()
 

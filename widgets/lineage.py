@@ -26,13 +26,14 @@ LINEAGE_POLL_SECONDS = 1.0
 class LineageTree(Panel):
     """The SVG part of ``Lineage``; ``picked`` holds the node ids ticked for Compare."""
 
-    picked = traitlets.List().tag(sync=True)
+    picked: traitlets.List[str] = traitlets.List().tag(sync=True)
 
     def __init__(self, run_or_log: Any, store: Store | str | None = None, *, live: bool = True) -> None:
         super().__init__(LineageSource(run_or_log, store), view_count=2000)
         self.opener: Any = None
         self.comparer: Any = None
-        self.tick() or self.send_window()
+        if not self.tick():
+            self.send_window()
         if live:
             self.watch(LINEAGE_POLL_SECONDS)
 

@@ -3,7 +3,9 @@
 A panel draws a *source* (``caravanserai.panels``): its rows, computed in Python; the browser
 draws a virtual list of ``total`` rows and asks for the window it shows (``view_start``/
 ``view_count``), so what is sent does not grow with the run. A background watcher (``watch()``)
-polls for changes and pushes only what changed; ``close()`` stops it. Errors become the panel's
+polls for changes and pushes only what changed while a browser view shows the panel: each view
+says when it is drawn and removed (and that it is still there, every 30 s: panels.js), so a
+re-run cell or a closed tab leaves no polling thread; ``close()`` stops it for good. Errors become the panel's
 one-line ``error``, never a blank cell or a JavaScript error. Buttons send messages
 (``{"action": ...}``) handled by ``on_<action>`` methods. ``to_html(path)`` writes the panel into
 one self-contained HTML file. The JavaScript and CSS are files of this package (no CDN).
@@ -12,6 +14,7 @@ one self-contained HTML file. The JavaScript and CSS are files of this package (
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from pathlib import Path
 from typing import Any
@@ -25,6 +28,7 @@ from caravanserai.panels.source import Source, one_line
 STATIC = Path(__file__).parent / "static"
 POLL_SECONDS = 0.2  # a live panel shows new events within this plus one round trip
 WINDOW = 200  # rows sent when the browser has not asked yet
+STALE_SECONDS = 150.0  # no word from any view for this long (a closed tab): stop polling until one speaks
 
 
 class Panel(anywidget.AnyWidget):
@@ -38,7 +42,7 @@ class Panel(anywidget.AnyWidget):
     summary = traitlets.Dict().tag(sync=True)
     total = traitlets.Int(0).tag(sync=True)
     row_start = traitlets.Int(0).tag(sync=True)
-    rows = traitlets.List().tag(sync=True)
+    rows: traitlets.List[dict] = traitlets.List().tag(sync=True)
     view_start = traitlets.Int(0).tag(sync=True)
     view_count = traitlets.Int(WINDOW).tag(sync=True)
     cursor = traitlets.Int(-1).tag(sync=True)
@@ -54,6 +58,11 @@ class Panel(anywidget.AnyWidget):
         self._read_error = False
         self._lock = threading.RLock()
         self._stop: threading.Event | None = None
+        self._interval = POLL_SECONDS
+        self._wanted = False  # watch() was asked for and not undone by unwatch()/close()
+        self._views = 0  # browser views drawn now (attach/detach messages)
+        self._viewed = False  # a view has attached at least once: from then on, polling follows the views
+        self._heard = time.monotonic()
         self.observe(lambda _: self.send_window(), names=["view_start", "view_count"])
         self.observe(self._on_cursor, names=["cursor"])
         if source is not None and source.options:
@@ -145,22 +154,56 @@ class Panel(anywidget.AnyWidget):
 
     # ---- live --------------------------------------------------------------------------------
     def watch(self, interval: float = POLL_SECONDS) -> None:
-        """Poll in a daemon thread until ``close()`` (or until this panel is garbage)."""
-        if self._stop is not None:
+        """Poll in a daemon thread while a view shows the panel, until ``close()`` or ``unwatch()``."""
+        self._wanted, self._interval = True, interval
+        self._start_watcher()
+
+    def unwatch(self) -> None:
+        """Stop watching (the panel keeps what it shows)."""
+        self._wanted = False
+        self._stop_watcher()
+
+    def _start_watcher(self) -> None:
+        if self._stop is not None or not self._wanted:
             return
         self._stop = threading.Event()
         self.live = True
-        thread = threading.Thread(target=_watch, args=(weakref.ref(self), self._stop, interval),
+        thread = threading.Thread(target=_watch, args=(weakref.ref(self), self._stop, self._interval),
                                   name="caravanserai-panel", daemon=True)
         thread.start()
         self._thread = thread
 
-    def unwatch(self) -> None:
-        """Stop watching (the panel keeps what it shows)."""
+    def _stop_watcher(self) -> None:
         if self._stop is not None:
             self._stop.set()
             self._stop = None
             self.live = False
+
+    def _seen(self) -> bool:
+        """Whether polling is worth it: no view has ever attached (Python-only use), or one is there now."""
+        return not self._viewed or (self._views > 0 and time.monotonic() - self._heard < STALE_SECONDS)
+
+    # messages each browser view sends (panels.js): drawn, removed, still there
+    def on_attach(self, _content: dict) -> None:
+        with self._lock:
+            self._views += 1
+            self._viewed, self._heard = True, time.monotonic()
+            self._start_watcher()
+        self.tick()  # what changed while nobody watched
+
+    def on_detach(self, _content: dict) -> None:
+        with self._lock:
+            self._views = max(0, self._views - 1)
+            if not self._seen():
+                self._stop_watcher()
+
+    def on_alive(self, _content: dict) -> None:
+        with self._lock:
+            self._heard = time.monotonic()
+            resumed = self._stop is None and self._wanted
+            self._start_watcher()
+        if resumed:
+            self.tick()
 
     def close(self) -> None:
         """Close the panel: stop its watcher thread and its comm (nothing left behind)."""
@@ -191,5 +234,9 @@ def _watch(ref: weakref.ref, stop: threading.Event, interval: float) -> None:
         panel = ref()
         if panel is None or panel.comm is None:
             return  # closed or collected
+        with panel._lock:
+            if not panel._seen() and panel._stop is stop:
+                panel._stop_watcher()  # no view left: on_attach/on_alive start a new watcher
+                return
         panel.tick()
         del panel

@@ -1,6 +1,7 @@
 """``Runs(store=None)``: every run in a store — status, attempts, waypoints, calls, cost, last update,
 parent — and a click on one opens its Timeline below. Works for every store URL (a teammate's
-runs on PostgreSQL or S3 included); one damaged run is marked, the others listed.
+runs on PostgreSQL or S3 included); one damaged run is marked, the others listed; a store that
+cannot be reached is the panel's one-line error. "chart" draws attempts and cost per run.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import ipywidgets
 from caravanserai.runs.index import indexed
 from caravanserai.stores import Store, open_store
 
+from .charts import png, runs_chart
 from .panel import Panel
 from .timeline import Timeline
 
@@ -23,18 +25,33 @@ class RunsList(Panel):
 
     def __init__(self, store: Store | str | None = None, *, live: bool = True) -> None:
         super().__init__(panel="runs")
-        self._store = open_store(store)
+        self._spec = store
+        self._store: Store | None = None  # opened by the first poll, so an unreachable store is the error line
         self._rows_by_id: dict[str, dict] = {}
         self._stamps: dict[str, Any] = {}
         self._all: list[dict] = []
-        self.summary = {"store": self._store.url}
+        self.summary = {"store": store if isinstance(store, str) else getattr(store, "url", "the default store")}
         self.on_open: Any = None
-        self.tick() or self.send_window()
+        if not self.tick():
+            self.send_window()
         if live:
             self.watch(RUNS_POLL_SECONDS)
 
+    @property
+    def store(self) -> Store:
+        """The store listed (opened on first use)."""
+        if self._store is None:
+            self._store = open_store(self._spec)
+            self.summary = {"store": self._store.url}
+        return self._store
+
+    @property
+    def all_rows(self) -> list[dict]:
+        """Every run's row as shown (newest update first)."""
+        return list(self._all)
+
     def _poll(self) -> bool:
-        store = self._store
+        store = self.store
         versions = store.journal_versions()  # one cheap pass; only runs that changed are read again
         changed_ids = {r: v for r, v in versions.items() if self._stamps.get(r) != v or r not in self._rows_by_id}
         gone = set(self._rows_by_id) - set(versions)
@@ -71,18 +88,31 @@ class Runs(ipywidgets.VBox):
         self.timeline: Timeline | None = None
         self._live = live
         self.list.on_open = self.open_run
-        super().__init__([self.list])
+        self.chart_button = ipywidgets.ToggleButton(description="chart", tooltip="attempts and cost per run",
+                                                    icon="bar-chart", layout=ipywidgets.Layout(width="auto"))
+        self.chart: ipywidgets.Image | None = None
+        self.chart_button.observe(lambda change: self.show_chart(change["new"]), names=["value"])
+        super().__init__([self.list, self.chart_button])
+
+    def show_chart(self, show: bool = True) -> None:
+        """Show (or hide) the attempts and cost per run of the runs listed now, under the list."""
+        self.chart = ipywidgets.Image(value=png(runs_chart(self.list.store, rows=self.list.all_rows)), format="png") \
+            if show and self.list.all_rows else None
+        self._layout()
+
+    def _layout(self) -> None:
+        self.children = tuple(w for w in (self.list, self.chart_button, self.chart, self.timeline) if w is not None)
 
     def open_run(self, run_id: str) -> Timeline:
         """Show ``run_id``'s Timeline under the list (closing the one shown before)."""
         if self.timeline is not None:
             self.timeline.close()
-        self.timeline = Timeline(run_id, self.list._store, live=self._live)
-        self.children = (self.list, self.timeline)
+        self.timeline = Timeline(run_id, self.list.store, live=self._live)
+        self._layout()
         return self.timeline
 
     def close(self) -> None:
-        self.list.close()
-        if self.timeline is not None:
-            self.timeline.close()
+        for child in (getattr(self, "list", None), getattr(self, "timeline", None)):
+            if child is not None:
+                child.close()
         super().close()

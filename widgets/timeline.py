@@ -26,7 +26,8 @@ class Timeline(Panel):
     def __init__(self, run_id: str, store: Store | str | None = None, *, live: bool = True, fold: bool = True) -> None:
         self.run_id = run_id
         super().__init__(TimelineSource(run_id, store, fold=fold), fold=fold)
-        self.tick() or self.send_window()
+        if not self.tick():
+            self.send_window()
         if live:
             self.watch()
 

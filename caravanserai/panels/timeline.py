@@ -2,10 +2,11 @@
 
 Each attempt opens with a boundary row saying how it ended (completed, failed, interrupted, or
 killed: a later attempt started with no end recorded). A call is one row from intent to result
-with a bar for its duration, its model, tokens and USD, marked paid or replayed (answered from
-the journal, free). Loop progress (``resumable_iterate`` commits) folds into one row per run of
-commits; a DurableAgent commit is a row with the steps it holds. Rows are light tuples built from
-the read model (``caravanserai.runs.view``); only the window a reader shows becomes dicts.
+with a bar for its duration, its model, tokens and USD, marked paid where it was paid; a later
+attempt that was answered from the journal instead shows a replay row there, free. Loop
+progress (``resumable_iterate`` commits) folds into one row per run of commits; a DurableAgent
+commit is a row with the steps it holds. Rows are light tuples built from the read model
+(``caravanserai.runs.view``); only the window a reader shows becomes dicts.
 """
 
 from __future__ import annotations
@@ -38,8 +39,11 @@ def _items(view: RunView, fold: bool) -> list[tuple]:
             if a.end in ("completed", "failed", "interrupted") and a.ended_at]
     waypoints = [(w.seq, "waypoint", w) for w in view.waypoints]
     calls = [(c.seq, "call", c) for c in view.calls]
+    by_id = {c.call_id: c for c in view.calls} if view.replays else {}
+    replays = [(seq, "replay", (attempt, by_id[call_id], view.event(seq).get("at")))
+               for seq, attempt, call_id in view.replays if call_id in by_id]
     commits = [(seq, "commit", seq) for seq in view.commit_seqs]
-    merged = list(heapq.merge(attempts, ends, waypoints, calls, commits, key=lambda item: item[0]))
+    merged = list(heapq.merge(attempts, ends, waypoints, calls, replays, commits, key=lambda item: item[0]))
     return _fold_loops(merged) if fold else merged
 
 
@@ -79,6 +83,11 @@ def row_dict(item: tuple, longest: float, effects: dict[str, str], view: RunView
                 "first_done": _done(first.note, 1), "last_done": _done(last.note, len(obj))}
     if kind == "commit":
         return _commit_row(view.event(obj) if view is not None else {"seq": obj})
+    if kind == "replay":
+        attempt, c, at = obj
+        return {"kind": "replay", "kind_of": c.kind, "seq": item[0], "call_id": c.call_id, "at": at, "model": c.model,
+                "tool": c.tool, "effect": effects.get(c.call_id), "attempt": attempt, "tokens": c.total_tokens,
+                "usd": c.usd, "priced": c.priced, "paid_in": c.attempt, "paid_seq": c.seq}
     c = obj
     return {"kind": "call", "kind_of": c.kind, "seq": c.seq, "call_id": c.call_id, "at": c.started_at,
             "model": c.model, "tool": c.tool, "effect": effects.get(c.call_id), "status": c.status,
@@ -184,6 +193,11 @@ class TimelineSource(Source):
             detail["note"] = event.get("note", "")
             if "state" in event:
                 detail["state"] = pretty(event["state"])
+        call = view.call(row["call_id"]) if row["kind"] in ("call", "replay") else None
+        if call is not None and call.settled_seq is not None:  # a call is one row from intent to result
+            detail["result"] = pretty(view.event(call.settled_seq))
+        if row["kind"] == "replay" and call is not None:
+            detail["call"] = pretty(view.event(call.seq))
         return detail
 
 
@@ -195,6 +209,9 @@ def _title(row: dict) -> str:
         return f"loop {row['loop']}: {row['commits']} commit(s), waypoints {row['first_n']}-{row['last_n']} (the last one shown)"
     if kind == "call":
         return f"{row['kind_of']} call {row['call_id']} (seq {row['seq']})"
+    if kind == "replay":
+        return (f"{row['kind_of']} call {row['call_id']} answered from the journal in attempt {row['attempt']} "
+                f"(seq {row['seq']}; paid in attempt {row['paid_in']}, seq {row['paid_seq']})")
     if kind == "attempt":
         return f"attempt {row['number']} (seq {row['seq']})"
     if kind == "commit":

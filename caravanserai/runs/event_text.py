@@ -79,10 +79,13 @@ _SUMMARIES: dict[str, Callable[[dict], str]] = {
     "restarted": lambda e: "restarted: a fresh start in the same run",
     "checkpoint_committed": lambda e: (f"checkpoint {str(e.get('checkpoint_id'))[:12]} step {e.get('step')} "
                                        f"({e.get('steps_done')}/{e.get('steps')} steps, {e.get('kind')})"),
-    "forked": lambda e: (f"forked {str(e.get('source'))[:12]} at {e.get('node_id')} -> "
-                         + (f"run {e['new_run_id']}" if e.get("new_run_id") else
-                            f"run {e['parent_run']} forked into this run" if e.get("parent_run") else
-                            str(e.get("checkpoint_id"))[:12])),
+    "forked": lambda e: (  # caravanserai.fork (a journal position) or a CheckpointLog fork (a checkpoint)
+        f"forked from run {e['parent_run']} at waypoint {e.get('at_waypoint')} (its event {e.get('parent_seq')})"
+        + (", state edited" if e.get("edited") else "") if "at_waypoint" in e else
+        f"forked {str(e.get('source'))[:12]} at {e.get('node_id')} -> "
+        + (f"run {e['new_run_id']}" if e.get("new_run_id") else
+           f"run {e['parent_run']} forked into this run" if e.get("parent_run") else
+           str(e.get("checkpoint_id"))[:12])),
 }
 _ENVELOPE = ("v", "seq", "at", "type", "prev")
 

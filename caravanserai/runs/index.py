@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
 from ..errors import CaravanseraiError
 from ..stores.base import Store
 from .lifecycle import attempt_end_hooks
+from .run import HELD_EVENTS_MAX
 from .view import RunView, gc_paused, inspect_run
 
 _loads: Callable[[bytes], Any]
@@ -64,10 +65,14 @@ def _timestamp(iso: Any) -> float | None:
         return None
 
 
-def compute_entry(run_id: str, store: Store, version: str | None) -> IndexedRun:
-    """The entry of ``run_id`` read from its journal now (a damaged run gets a ``damaged`` entry)."""
+def compute_entry(run_id: str, store: Store, version: str | None, events: Sequence[dict] | None = None) -> IndexedRun:
+    """The entry of ``run_id`` read from its journal now (a damaged run gets a ``damaged`` entry).
+
+    ``events``: the journal already in hand (its writer's, verified as it was written), so it is
+    not read and decoded again.
+    """
     try:
-        view = inspect_run(run_id, store)
+        view = RunView.from_events(run_id, events) if events else inspect_run(run_id, store)
     except CaravanseraiError as exc:  # one damaged run must not hide the others
         error = {"code": exc.code, "message": exc.message}
         return IndexedRun(index=INDEX_FORMAT, run_id=run_id, version=version, updated=store.last_updated(run_id),
@@ -105,18 +110,21 @@ def _write(store: Store, entry: IndexedRun) -> None:
         pass
 
 
-def refresh_entry(store: Store, run_id: str, view: RunView | None = None) -> IndexedRun:
+def refresh_entry(store: Store, run_id: str, view: RunView | None = None, *,
+                  events: Sequence[dict] | None = None) -> IndexedRun:
     """Recompute ``run_id``'s entry from its journal and store it (what a writer does when an attempt ends).
 
     The version is read before the journal, so an append that lands in between leaves a stale
-    version behind, which the next reader notices and recomputes.
+    version behind, which the next reader notices and recomputes. ``events`` is the journal as
+    its writer holds it while it still holds the lease (nothing can land in between): the entry
+    is computed from them, without reading the journal back.
     """
     version = store.journal_versions([run_id]).get(run_id)
     raw = store.index_get_many([run_id]).get(run_id)
     current = _parse(raw, run_id) if raw is not None else None
     if current is not None and version is not None and current.get("version") == version:
         return current  # nothing changed since it was computed (a re-run that replayed everything)
-    entry = entry_of_view(view, version) if view is not None else compute_entry(run_id, store, version)
+    entry = entry_of_view(view, version) if view is not None else compute_entry(run_id, store, version, events)
     _write(store, entry)
     return entry
 
@@ -192,14 +200,18 @@ def age_seconds(entry: IndexedRun, now: float | None = None) -> float | None:
     return None if updated is None else round((time.time() if now is None else now) - updated, 3)
 
 
-#: A writer refreshes its run's entry when an attempt ends for journals up to this long; a longer
-#: one is left to its next reader (reading it back here would make closing a huge run slow).
-INDEX_AT_CLOSE_MAX_EVENTS = 5000
+#: A writer refreshes its run's entry when an attempt ends for journals up to this long, from the
+#: events it holds; a longer one is left to its next reader (the writer does not keep it in memory).
+INDEX_AT_CLOSE_MAX_EVENTS = HELD_EVENTS_MAX
 
 
 def _attempt_ended(run: Any) -> None:
-    if run.journal_length() <= INDEX_AT_CLOSE_MAX_EVENTS:
-        refresh_entry(run.store, run.run_id)
+    """The attempt-end hook: called while ``run`` still holds its lease (``runs.lifecycle``)."""
+    events = run.held_events()
+    if events:  # a journal this writer holds in full: no read, no decode
+        refresh_entry(run.store, run.run_id, events=events)
+    elif events is None and run.journal_length() <= INDEX_AT_CLOSE_MAX_EVENTS:
+        refresh_entry(run.store, run.run_id)  # its lease was lost: the journal as the store has it now
 
 
 attempt_end_hooks.append(_attempt_ended)

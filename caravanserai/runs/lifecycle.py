@@ -25,6 +25,7 @@ from ..calls.ledger import Budget
 from ..errors import RunLocked, RunNotFound
 from ..ids import validate_run_id
 from ..stores import Store, open_store
+from ..stores.base import describe_holder
 from .identity import check_identity
 from .run import Run
 
@@ -57,7 +58,9 @@ class Registry:
             except BaseException:
                 lease.release()
                 raise
-            run.on_close = self._attempt_ended if attempt else self.forget
+            run.on_close = self.forget
+            if attempt:
+                run.before_release = self._attempt_ending
             self._runs[(store.url, run_id)] = run
             return run
 
@@ -66,9 +69,8 @@ class Registry:
             if self._runs.get((run.store.url, run.run_id)) is run:
                 del self._runs[(run.store.url, run.run_id)]
 
-    def _attempt_ended(self, run: Run) -> None:
-        """Forget ``run``, then tell ``attempt_end_hooks`` (the run index refreshes its entry there)."""
-        self.forget(run)
+    def _attempt_ending(self, run: Run) -> None:
+        """Tell ``attempt_end_hooks`` that ``run``'s attempt ends (closed, its lease not yet released)."""
         for hook in attempt_end_hooks:
             try:
                 hook(run)
@@ -89,8 +91,9 @@ class Registry:
         self._runs = {}
 
 
-#: Called with each run whose attempt just ended (its lease released); ``caravanserai.runs.index``
-#: adds the one that refreshes the run's index entry.
+#: Called with each run whose attempt is ending: closed to appends, its lease still held (so the
+#: journal is the one ``run.held_events()`` gives, and cannot change meanwhile); released right
+#: after. ``caravanserai.runs.index`` adds the one that refreshes the run's index entry.
 attempt_end_hooks: list[Callable[[Run], None]] = []
 
 registry = Registry()
@@ -285,15 +288,20 @@ def append_event(store: Store, run_id: str, event: dict, *, started: dict | None
     mine = registry.get(run_id, store)
     if mine is not None:
         return mine.append(event)[0]
+    last: RunLocked | None = None
     for attempt in range(tries):
         try:
             run = registry.open(run_id, store, attempt=False, started=started)
-        except RunLocked:
+        except RunLocked as exc:
+            last = exc
             time.sleep(min(0.001 * (attempt + 1), 0.05))
             continue
         try:
             return run.append(event)[0]
         finally:
             run.close()
-    raise RunLocked(f"run {run_id!r} stayed locked while recording a {event.get('type')} event; another process holds it",
-                    run_id=run_id)
+    holder = getattr(last, "holder", None)  # the store named the holder of the last refusal
+    who = (f"{describe_holder(holder)} holds it" if holder
+           else f"the store did not name its holder ({last.message if last else 'no attempt was made'})")
+    raise RunLocked(f"run {run_id!r} stayed locked while recording a {event.get('type')} event ({tries} tries): {who}; "
+                    "wait for it to finish or stop that process, then retry", run_id=run_id, holder=holder)

@@ -69,6 +69,9 @@ _IDENTITY = frozenset({"agent_id", "definition_sha256", "input", "budget_sha256"
                        "cell_source"})
 _INDEXED = frozenset({"run_started", "attempt", "waypoint", "progress", "run_completed", "run_failed", "restarted",
                       "forked"})
+#: A writer keeps the events it appends (next to those it opened) while its journal is at most this
+#: long, so the end of an attempt hands the whole journal to the run index without reading it back.
+HELD_EVENTS_MAX = 5000
 
 
 class Run:
@@ -87,7 +90,9 @@ class Run:
         self._tail = tail
         self.lock = threading.RLock()
         self.opened_events: Sequence[dict] = events  # the journal as it stood when this writer opened it
-        self.on_close: Callable[[Run], None] | None = None
+        self.on_close: Callable[[Run], None] | None = None  # after the lease is released
+        self.before_release: Callable[[Run], None] | None = None  # at close, while the lease is still held
+        self._appended: list[dict] | None = [] if len(events) <= HELD_EVENTS_MAX else None
         self._closed = False
         self._started = bool(events)
         self.attempt = 1
@@ -124,6 +129,15 @@ class Run:
     def events(self) -> list[dict]:
         """Every event of the run, verified, read back from the store."""
         return journal.decode(self.run_id, self.store.load(self.run_id))[0]
+
+    def held_events(self) -> list[dict] | None:
+        """The whole journal as this writer holds it, without reading the store: the events it
+        opened, then the ones it appended (as a reader decodes them). None when the journal is
+        longer than ``HELD_EVENTS_MAX`` (not kept) or the lease is gone (others may have appended)."""
+        with self.lock:
+            if self._appended is None or not self._lease.held:
+                return None
+            return [*self.opened_events, *self._appended]
 
     def journal_length(self) -> int:
         """Lines in the journal as this writer knows it (what the next append's seq will be)."""
@@ -193,6 +207,10 @@ class Run:
                     self.ledger.boundary()
             if self.started_event is None:
                 self.started_event = stored[0]
+            if self._appended is not None:
+                self._appended.extend(stored)
+                if len(self.opened_events) + len(self._appended) > HELD_EVENTS_MAX:
+                    self._appended = None  # too long to keep: whoever needs the journal reads it
             self.store.committed(self.run_id, encoded)  # in order: views never go backwards
         if self.listeners:
             for listener in list(self.listeners):
@@ -302,7 +320,11 @@ class Run:
                     except Exception:
                         pass  # a replay record is for people: losing it loses no work
                 self._closed = True
-                self._lease.release()
+                try:
+                    if self.before_release is not None:
+                        self.before_release(self)  # the journal cannot change under it: the lease is held
+                finally:
+                    self._lease.release()
                 if self.on_close is not None:
                     self.on_close(self)
 

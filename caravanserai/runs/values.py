@@ -43,9 +43,10 @@ import uuid
 from collections.abc import Callable, Iterable
 from decimal import Decimal
 from pathlib import Path, PosixPath, PurePath, PurePosixPath, PureWindowsPath
+from types import ModuleType
 from typing import Any
 
-from ..errors import ClassNotAllowed, JournalCorruptionError, SerializationError, UsageError
+from ..errors import ClassNotAllowed, JournalCorruptionError, Unencodable, UsageError
 
 __all__ = ["Unencodable", "allow_class", "allowed_classes", "class_ref", "decode", "encode", "resolve_class"]
 
@@ -63,10 +64,6 @@ DEFAULT_ALLOWED = frozenset({
 })
 _ALLOWED: dict[str, type] = {}
 _PATHS = {cls.__name__: cls for cls in (PurePath, PurePosixPath, PureWindowsPath, Path, PosixPath)}
-
-
-class Unencodable(SerializationError):
-    """The value holds something typed JSON cannot represent (``path`` says where)."""
 
 
 def class_ref(cls: type) -> str:
@@ -431,11 +428,12 @@ def resolve_class(ref: str, namespace: dict | None = None, *, check: Callable[[t
 def _from_namespace(ref: str, namespace: dict) -> type | None:
     module, _, qualname = ref.partition(":")
     for value in list(namespace.values()):
-        if isinstance(value, type) and class_ref(value) == ref:
+        kind = type(value)  # never isinstance(): an object's __class__ may be a property
+        if issubclass(kind, type) and class_ref(value) == ref:
             return value
-        if type(value).__name__ == "module" and getattr(value, "__name__", None) == module:
+        if issubclass(kind, ModuleType) and _own_dict(value).get("__name__") == module:
             found = _attribute_path(value, qualname)
-            if isinstance(found, type) and class_ref(found) == ref:
+            if found is not None and class_ref(found) == ref:
                 return found
     return None
 
@@ -448,18 +446,27 @@ def _default(ref: str) -> type | None:
         target = sys.modules.get(module) or importlib.import_module(module)
     except ImportError:
         return None
-    found = _attribute_path(target, qualname)
-    return found if isinstance(found, type) else None
+    return _attribute_path(target, qualname)
 
 
-def _attribute_path(obj: Any, qualname: str) -> Any:
+def _attribute_path(obj: Any, qualname: str) -> type | None:
+    """The class at ``qualname`` under a module, walked through the ``__dict__`` of modules and
+    classes only: no ``getattr``, so no module ``__getattr__`` (a lazy import), no property, no
+    descriptor and no metaclass hook runs, and nothing is imported. None unless it ends at a class."""
     for part in qualname.split("."):
         if not part.isidentifier() or part.startswith("__"):
             return None
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj
+        if not (issubclass(type(obj), ModuleType) or issubclass(type(obj), type)):
+            return None  # an instance on the way (a module-level object): its attributes are code
+        obj = _own_dict(obj).get(part)
+    return obj if issubclass(type(obj), type) else None
+
+
+def _own_dict(obj: Any) -> Any:
+    """A module's or a class's own namespace, read through the C-level descriptors (a subclass of
+    ModuleType or a metaclass cannot substitute a ``__dict__`` property)."""
+    descriptor: Any = vars(ModuleType if issubclass(type(obj), ModuleType) else type)["__dict__"]
+    return descriptor.__get__(obj) or {}
 
 
 def class_refs(data: Any) -> Iterable[str]:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
 from .._html import bundle, escape, table
@@ -230,6 +231,7 @@ class RunView:
     command: tuple[str, ...] | None = None
     cwd: str | None = None
     commit_seqs: tuple[int, ...] = ()  # journal seqs of the DurableAgent checkpoint commits
+    replays: tuple[tuple[int, int, str], ...] = ()  # (seq, attempt, call_id): a settled call answered from the journal
     _events: Sequence[dict] = field(default=(), repr=False)
     _states: Mapping[int, int] = field(default_factory=dict, repr=False)
 
@@ -264,6 +266,14 @@ class RunView:
     def event(self, seq: int) -> dict:
         """The journal event at ``seq`` (a call's response, a tool's arguments...). Do not modify it."""
         return self._events[seq]
+
+    @cached_property
+    def _calls_by_id(self) -> dict[str, CallView]:
+        return {c.call_id: c for c in self.calls}
+
+    def call(self, call_id: str) -> CallView | None:
+        """The call (model or tool) with this id, or None."""
+        return self._calls_by_id.get(call_id)
 
     def raw_events(self) -> Sequence[dict]:
         """The verified events this view was built from (do not modify them)."""
@@ -399,6 +409,7 @@ class _Pass:
         self.forks: list[ForkView] = []
         self.committed = 0
         self.commit_seqs: list[int] = []
+        self.replay_rows: list[tuple[int, int, str]] = []
         self.newest_commit: dict | None = None
         self.commit_steps: int | None = None
         self.completed: dict | None = None  # first run_completed since the last restart
@@ -528,6 +539,7 @@ class _Pass:
     def on_replayed(self, index: int, event: dict) -> None:
         for call_id in event.get("calls") or ():
             self.replays.setdefault(str(call_id), []).append(self.attempt)
+            self.replay_rows.append((index, self.attempt, str(call_id)))
 
     # ---- checkpoints and forks ----------------------------------------------------------------
     def on_checkpoint(self, index: int, event: dict) -> None:
@@ -571,7 +583,7 @@ class _Pass:
             result=None if self.completed is None else self.completed.get("result"),
             agent_id=started.get("agent_id"), imported_from=started.get("imported_from"),
             command=tuple(map(str, command)) if isinstance(command, list) else None, cwd=started.get("cwd"),
-            commit_seqs=tuple(self.commit_seqs), _events=events, _states=dict(self.states),
+            commit_seqs=tuple(self.commit_seqs), replays=tuple(self.replay_rows), _events=events, _states=dict(self.states),
         )
 
     def status(self, started: dict, checkpoints: CheckpointsView | None) -> str:

@@ -530,6 +530,11 @@ class Store(ABC):
         """
         return False
 
+    def run_written_only_by_user(self, run_id: str) -> bool:
+        """True when no one but this user can have written ``run_id``'s files (``resume`` then runs
+        the command they record without asking). Shared stores: never."""
+        return False
+
     def torn_tail(self, run_id: str) -> int:
         """Bytes after the journal's last complete line (a crash mid-append); 0 where appends are atomic."""
         run_id = self._readable(run_id)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import random
+import re
 import sys
 import time
 import uuid
@@ -46,6 +47,8 @@ from ..errors import (
     RunLocked,
     SequenceMismatch,
     StoreFull,
+    StoreRequestRejected,
+    StoreRequestTooLarge,
     StoreUnavailable,
 )
 from .base import Lease, Objects, PutMode, Store, holder_info
@@ -300,8 +303,23 @@ class HttpStore(Store):
             return StoreFull(message, url=self.url)
         if code == "object_not_found":
             return ObjectNotFound(message, key=body.get("key"))
-        if status in (400, 404, 405, 413, 422):
-            return ValueError(f"the journal service at {self.url} rejected {method} /v1/{path} (HTTP {status}): {message}")
+        if status == 413 or code == "body_too_large":
+            limit = re.search(r"(\d+) bytes", message)
+            return StoreRequestTooLarge(
+                f"the journal service at {self.url} refused {method} /v1/{path} as too large (HTTP 413: {message}); "
+                "nothing was written: save smaller values per commit, or serve with a larger limit "
+                "(create_app(..., max_body_bytes=N))",
+                url=self.url, status=status, limit=int(limit.group(1)) if limit else None)
+        if status in (404, 405) and not code:  # not the protocol's answer: the URL points elsewhere
+            return InvalidStoreUrl(
+                f"{self.url} is not a caravanserai journal service: {method} /v1/{path} answered HTTP {status} "
+                f"({message}); use the URL `caravanserai serve` printed (scheme, host and port, no extra path)",
+                url=self.url, status=status)
+        if status in (400, 404, 405, 422):
+            return StoreRequestRejected(
+                f"the journal service at {self.url} rejected {method} /v1/{path} (HTTP {status}"
+                f"{', ' + code if code else ''}): {message}; nothing was written",
+                url=self.url, status=status, service_code=code)
         return StoreUnavailable(f"the journal service at {self.url} answered HTTP {status} to {method} /v1/{path}: "
                                 f"{message}", url=self.url, status=status)
 

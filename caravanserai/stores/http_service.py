@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import (
+    ApiError,
     CaravanseraiError,
     JournalCorruptionError,
     LeaseLost,
@@ -90,22 +91,6 @@ def check_bearer(header: str | None, expected: bytes) -> bool:
         given = ""
     return hmac.compare_digest(hashlib.sha256(given.strip().encode("utf-8", "surrogateescape")).digest(),
                                hashlib.sha256(expected).digest())
-
-
-class ApiError(CaravanseraiError):
-    """What the protocol itself refuses (malformed body, body too large, existing object): an HTTP
-    ``status``, a stable wire ``code`` (``bad_request`` by default), a one-line message and extra
-    JSON fields. Errors of the library (``SequenceMismatch``, ``RunLocked``...) are not wrapped:
-    ``_ANSWERS`` gives their status."""
-
-    code = "bad_request"
-
-    def __init__(self, status: int, code: str, message: str, **fields: Any) -> None:
-        super().__init__(message, status=status, code=code, **fields)
-
-    def answer_fields(self) -> dict[str, Any]:
-        """The extra JSON fields of the error body (not the status and code)."""
-        return {k: v for k, v in self.fields.items() if k not in ("status", "code")}
 
 
 @dataclass

@@ -530,18 +530,21 @@ class BucketStore(Store):
             return 1, self._bucket.put(key, self._lease_body(holder, 1), mode="create") or ""
         except ObjectPreconditionFailed:
             pass
-        found = self._bucket.get_versioned(key)
-        current: dict[str, Any] = json.loads(found[0]) if found else {"token": 0, "expires_at": 0, "holder": None}
-        live = current.get("holder") is not None and current.get("expires_at", 0) > time.time() * 1000
-        if live and not holder_is_dead(current["holder"]):  # a dead holder on this machine: take over now
-            raise RunLocked(f"run {run_id!r} is being written by {describe_holder(current['holder'])}; wait for its "
-                            "lease to expire or stop that process", run_id=run_id, holder=current["holder"])
-        token = int(current.get("token", 0)) + 1
-        mode: PutMode = IfVersion(found[1]) if found else "create"
-        try:
-            return token, self._bucket.put(key, self._lease_body(holder, token), mode=mode) or ""
-        except ObjectPreconditionFailed:
-            raise RunLocked(f"run {run_id!r} was just taken by another writer", run_id=run_id) from None
+        for _ in range(2):  # a compare-and-swap lost to another writer: read again, which names it
+            found = self._bucket.get_versioned(key)
+            current: dict[str, Any] = json.loads(found[0]) if found else {"token": 0, "expires_at": 0, "holder": None}
+            live = current.get("holder") is not None and current.get("expires_at", 0) > time.time() * 1000
+            if live and not holder_is_dead(current["holder"]):  # a dead holder on this machine: take over now
+                raise RunLocked(f"run {run_id!r} is being written by {describe_holder(current['holder'])}; wait for its "
+                                "lease to expire or stop that process", run_id=run_id, holder=current["holder"])
+            token = int(current.get("token", 0)) + 1
+            mode: PutMode = IfVersion(found[1]) if found else "create"
+            try:
+                return token, self._bucket.put(key, self._lease_body(holder, token), mode=mode) or ""
+            except ObjectPreconditionFailed:
+                continue  # taken between the read and the write: the next read names the taker
+        raise RunLocked(f"run {run_id!r} was taken by another writer between two reads of its lease object, twice, and "
+                        "neither read named a live holder (each released it at once); retry", run_id=run_id, holder=None)
 
     def _acquire(self, run_id: str) -> BucketLease:
         self._need_cas("acquire()")

@@ -229,14 +229,23 @@ class SqlStore(Store):
     def _acquire(self, run_id: str) -> SqlLease:
         started = time.monotonic()
         holder = {**holder_info(), "lease": uuid.uuid4().hex}
-        rows = self._q("acquire", (run_id, _json(holder), self.ttl_ms))
-        if not rows:
-            rows = self._take_from_the_dead(run_id, holder)
-        if not rows:
-            current = self._q("holder", (run_id,))
-            raise RunLocked(f"run {run_id!r} is being written by {describe_holder(_parse(current[0][0]) if current else None)}; "
-                            "wait for its lease to expire or stop that process", run_id=run_id,
-                            holder=_parse(current[0][0]) if current else None)
+        for _ in range(2):  # a holder gone between taking and reading: try once more
+            rows = self._q("acquire", (run_id, _json(holder), self.ttl_ms)) or self._take_from_the_dead(run_id, holder)
+            if rows:
+                break
+            live = self._q("live_holder", (run_id,))
+            current = _parse(live[0][0]) if live else None
+            if current:
+                raise RunLocked(f"run {run_id!r} is being written by {describe_holder(current)}; wait for its lease to "
+                                "expire or stop that process", run_id=run_id, holder=current)
+        else:
+            last = self._q("holder", (run_id,))  # the holder of the lease that refused us, even if it ended since
+            current = _parse(last[0][0]) if last else None
+            if current:
+                raise RunLocked(f"run {run_id!r} was being written by {describe_holder(current)} (its lease ended just "
+                                "after refusing this writer); retry", run_id=run_id, holder=current)
+            raise RunLocked(f"run {run_id!r} is locked, but its lease row vanished or named no holder when read, on two "
+                            "tries (the run was removed or its lease rewritten meanwhile); retry", run_id=run_id, holder=None)
         token = int(rows[0][0])
         holder["token"] = token
         tail = self._q("tail", (run_id,))

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
-from ..errors import InvalidStoreUrl, LeaseTtlInvalid
+from ..errors import InvalidStoreUrl, LeaseTtlInvalid, LeaseTtlOptionInvalid
 from .leases import MIN_TTL_MS, check_lease_ttl
 
 __all__ = ["MIN_TTL_MS", "check_options", "first_line", "parse_bool", "parse_options", "redact", "split_url"]
@@ -55,13 +55,14 @@ def check_options(given: dict[str, str], known: dict[str, Callable[[str], Any]],
     if "table" in converted and not _IDENT.fullmatch(converted["table"]):
         raise InvalidStoreUrl(f"option table={converted['table']!r} in {url!r} must be a plain SQL identifier "
                               "([A-Za-z_][A-Za-z0-9_]*)", url=url, option="table")
-    for name in ("lease_ttl_ms", "lock_ttl_ms"):  # the one check (leases.py), as a URL error
+    for name in ("lease_ttl_ms", "lock_ttl_ms"):  # the one check (leases.py): the one error, also a URL error
         if name in converted:
             try:
                 check_lease_ttl(converted[name], option=name)
             except LeaseTtlInvalid:
-                raise InvalidStoreUrl(f"option {name}={converted[name]} in {url!r} is below the minimum "
-                                      f"{MIN_TTL_MS}; use {MIN_TTL_MS} or more", url=url, option=name) from None
+                raise LeaseTtlOptionInvalid(f"option {name}={converted[name]} in {url!r} is below the minimum "
+                                            f"{MIN_TTL_MS}; use {MIN_TTL_MS} or more", url=url, option=name,
+                                            lease_ttl_ms=converted[name], minimum=MIN_TTL_MS) from None
     return converted
 
 

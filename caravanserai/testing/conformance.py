@@ -2,14 +2,20 @@
 
 Subclass ``StoreConformance`` in a test module and provide a ``store`` fixture that yields a
 fresh, empty store (or ``ObjectsConformance`` with an ``objects`` fixture for an object face
-alone, such as a checkpoint store); pytest then runs every case below against it. The object
-cases read the face's ``supports_cas`` flag: compare-and-swap is checked where it is offered, and
-refused with ``ObjectConditionalPutRequired`` where it is not::
+alone, such as a checkpoint store); pytest then runs every case below against it. A backend that
+``open_store`` reaches by URL also gives a ``store_url`` fixture (a fresh URL of the same kind):
+the close-then-reopen case uses it (the default None is for a store built in code, which has no
+URL to cache). The object cases read the face's ``supports_cas`` flag: compare-and-swap is checked
+where it is offered, and refused with ``ObjectConditionalPutRequired`` where it is not::
 
     class TestMyStore(StoreConformance):
         @pytest.fixture
         def store(self, tmp_path):
             yield MyStore(tmp_path)
+
+        @pytest.fixture
+        def store_url(self, tmp_path):
+            return f"mine://{tmp_path}/runs"
 
 ``journal_machine(make_store)`` builds a Hypothesis state machine that drives acquire/append/
 release/load against a plain list model. Requires pytest (and Hypothesis for the machine).
@@ -38,6 +44,7 @@ from ..errors import (
     RunLocked,
     SequenceMismatch,
 )
+from ..stores import open_store
 from ..stores.base import IfVersion, Lease, Objects, Store
 
 __all__ = ["ObjectStoreConformance", "ObjectsConformance", "StoreConformance", "journal_machine", "make_lines"]
@@ -192,6 +199,11 @@ class StoreConformance(ObjectsConformance):
     def run_id(self) -> str:
         return f"run-{uuid.uuid4().hex[:8]}"
 
+    @pytest.fixture
+    def store_url(self) -> str | None:
+        """A fresh URL ``open_store`` opens for this backend; subclasses give it. None: no URL exists."""
+        return None
+
     # ---- journal face -------------------------------------------------------------------
     def test_unknown_run_loads_empty(self, store: Store, run_id: str) -> None:
         assert store.load(run_id) == []
@@ -324,6 +336,29 @@ class StoreConformance(ObjectsConformance):
             store.append(run_id, lines, lease=lease, seq=0)
         assert store.torn_tail(run_id) == 0
         assert isinstance(store.private_to_user(), bool)
+
+    def test_close_then_open_store_again_lists_and_appends(self, store_url: str | None, run_id: str) -> None:
+        """``open_store(url).close()`` then ``open_store(url)``: a fresh store, never the closed one
+        from the per-URL cache; what was written before the close is all there."""
+        if store_url is None:
+            return  # a backend without a URL (built in code): open_store has nothing to cache
+        open_store(store_url).close()  # closed before any use
+        first = open_store(store_url)
+        assert open_store(store_url) is first  # one store per URL while it is open
+        lines, tail = make_lines(run_id, 2)
+        with first.acquire(run_id) as lease:
+            first.append(run_id, lines, lease=lease, seq=0)
+        first.close()
+        second = open_store(store_url)
+        try:
+            assert second is not first
+            assert run_id in second.list() and second.load(run_id) == lines
+            more, _ = make_lines(run_id, 1, tail)
+            with second.acquire(run_id) as lease:
+                second.append(run_id, more, lease=lease, seq=2)
+            assert second.load(run_id) == lines + more
+        finally:
+            second.close()
 
     def test_concurrent_appends_of_many_runs_all_land_in_order(self, store: Store, run_id: str) -> None:
         # group commit (issue 13): writers of different runs appending at once through one store

@@ -105,8 +105,10 @@ class Shell {
     if (toolbar) toolbar(this.toolbarEl);
     if (columns) columns(this.columnsEl);
     this.pending = null;
-    this.scroller.addEventListener("scroll", () => this.draw());
-    this.stickToEnd = false;
+    // whether new rows should scroll into view: decided by where the reader left the list, not
+    // re-measured when rows arrive (the list may already have grown under the reader by then)
+    this.following = true;
+    this.scroller.addEventListener("scroll", () => { this.following = this.atEnd(); this.draw(); });
   }
 
   visibleRange() {
@@ -167,6 +169,8 @@ class Shell {
     const error = this.model.get("error");
     this.errorEl.textContent = error || "";
     this.errorEl.style.display = error ? "block" : "none";
+    // nothing could be read: the error line alone, not an empty list with zero counts
+    this.root.classList.toggle("cvs-broken", Boolean(error) && !(this.model.get("total") > 0));
   }
 
   drawDetail(render) {
@@ -176,6 +180,7 @@ class Shell {
   }
 
   scrollToEnd() {
+    this.following = true;
     this.scroller.scrollTop = this.scroller.scrollHeight;
   }
 
@@ -243,8 +248,10 @@ function timelineRow(row, index) {
         h("span", { class: "cvs-text", text: `${fmtInt(row.commits)} commit(s) folded · items done ${fmtInt(row.first_done)}→${fmtInt(row.last_done)} · ${row.note || ""}` }));
     case "call": {
       const width = Math.max(2, Math.round(100 * (row.bar || 0)));
-      const state = row.replayed ? badge("replayed · free", "replayed") : row.status === "settled" ? badge("paid", "paid")
-        : badge(row.status, row.status);
+      const settled = row.kind_of === "tool" ? "ran" : "paid";
+      const state = row.status === "settled" ? badge(settled, "paid") : badge(row.status, row.status);
+      const later = row.replayed_in && row.replayed_in.length
+        ? h("span", { class: "cvs-later", text: `↺ attempt ${row.replayed_in.join(", ")}`, title: "answered from the journal in these attempts, free" }) : null;
       return h("div", { class: `cvs-row cvs-call cvs-${row.status}` },
         h("span", { class: "cvs-icon", text: row.kind_of === "tool" ? "⚙" : "●" }),
         h("span", { class: "cvs-label", text: row.kind_of === "tool" ? `tool ${row.tool}` : `${row.model || "model"}` }), when,
@@ -253,8 +260,15 @@ function timelineRow(row, index) {
         row.kind_of === "tool" ? h("span", { class: "cvs-num", text: row.effect || "" })
           : h("span", { class: "cvs-num", text: `${fmtInt(row.tokens)} tok` }),
         row.kind_of === "tool" ? null : h("span", { class: "cvs-num", text: fmtUsd(row.usd, row.priced) }),
-        state);
+        state, later);
     }
+    case "replay":
+      return h("div", { class: "cvs-row cvs-call cvs-replay" },
+        h("span", { class: "cvs-icon", text: "↺" }),
+        h("span", { class: "cvs-label", text: row.kind_of === "tool" ? `tool ${row.tool}` : `${row.model || "model"}` }), when,
+        h("span", { class: "cvs-text cvs-fg2", text: `answered from the journal · paid in attempt ${row.paid_in} (seq ${row.paid_seq})` }),
+        row.kind_of === "tool" ? null : h("span", { class: "cvs-num", text: `${fmtInt(row.tokens)} tok` }),
+        badge("replayed · free", "replayed"));
     case "commit":
       return h("div", { class: `cvs-row cvs-commit${row.fork ? " cvs-fork-commit" : ""}` },
         h("span", { class: "cvs-icon", text: row.fork ? "↳" : "■" }),
@@ -278,6 +292,8 @@ function timelineDetail(detail) {
   }
   if (detail.state !== undefined) parts.push(pre("state", detail.state));
   if (detail.event !== undefined) parts.push(pre("event", detail.event));
+  if (detail.result !== undefined) parts.push(pre("result", detail.result));
+  if (detail.call !== undefined) parts.push(pre("the call it answers", detail.call));
   return parts;
 }
 
@@ -658,11 +674,13 @@ function mountFork(model, el) {
   return () => { unwire(); model.off("change:job", drawJob); };
 }
 
+const HEARTBEAT_MS = 30000; // widgets/panel.py stops polling after STALE_SECONDS without a word
+
 // ---- wiring a panel to its model -----------------------------------------------------------------
 function wire(model, shell, renderDetail) {
   const redraw = () => { shell.pending = null; shell.draw(); };
   const onTotal = () => {
-    const follow = model.get("follow") && shell.atEnd();
+    const follow = model.get("follow") && shell.following;
     shell.drawHeader();
     shell.draw();
     if (follow) shell.scrollToEnd();
@@ -679,6 +697,7 @@ function wire(model, shell, renderDetail) {
   requestAnimationFrame(() => {
     if (model.get("start_at_end")) shell.scrollToEnd();
     shell.draw();
+    shell.following = shell.atEnd();
     shell.root.dataset.painted = "1";
   });
   return () => { for (const [event, fn] of handlers) model.off(event, fn); };
@@ -693,6 +712,14 @@ export default {
       el.append(h("div", { class: "cvs-panel" }, h("div", { class: "cvs-error", style: "display:block", text: `unknown panel ${model.get("panel")}` })));
       return () => {};
     }
-    return mount(model, el);
+    const unmount = mount(model, el);
+    // the kernel polls a live panel only while a view shows it: say when this one is drawn,
+    // that it is still there, and when it is removed (a re-run cell, a cleared output)
+    const say = (action) => { try { model.send({ action }); } catch (_) { /* the comm is gone */ } };
+    say("attach");
+    const alive = setInterval(() => say("alive"), HEARTBEAT_MS);
+    // later, not now: when the whole model is closing (a kernel restart) its comm is gone by then and
+    // nothing is sent
+    return () => { clearInterval(alive); setTimeout(() => say("detach"), 0); if (unmount) unmount(); };
   },
 };

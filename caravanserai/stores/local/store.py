@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ... import journal
-from ...errors import InvalidRunId, InvalidStoreUrl, JournalCorruptionError, RunLocked
+from ...errors import CaravanseraiError, InvalidRunId, InvalidStoreUrl, JournalCorruptionError, RunLocked
 from ...ids import is_legacy_readable, validate_run_id
 from ..base import Lease, Objects, Store, describe_holder, holder_info, os_failure
 from ..urls import split_url
@@ -122,6 +122,20 @@ class LocalStore(Store):
         except (OSError, ValueError):
             return False
         return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and info.st_mode & 0o077 == 0
+
+    def run_written_only_by_user(self, run_id: str) -> bool:
+        """True if the root, the run's directory and every file in it are this user's and no group
+        or other user can write them (a symlink counts as writable by others)."""
+        try:
+            run_dir = self.run_dir(run_id)
+            paths = [self.root, run_dir, *run_dir.iterdir()]
+            for path in paths:
+                info = os.lstat(path)
+                if stat.S_ISLNK(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+                    return False
+        except (OSError, ValueError, CaravanseraiError):
+            return False
+        return True
 
     # -- directories
     def run_dir(self, run_id: str) -> Path:
@@ -396,11 +410,12 @@ class LocalStore(Store):
         # every run: one listing of the store; a few runs (a writer ending its attempt): only their journals
         found = self._scan() if run_ids is None else {r: self._journal_stat(r) for r in run_ids}
         versions = {}
-        for run_id, (_, info) in found.items():
+        for run_id, (run_dir, info) in found.items():
             if info is None:  # a 0.2.0 run (or none): its files change rarely; read it
                 versions.update(super()._journal_versions([run_id]))
-            elif info.st_size:
-                # size for appends, mtime for a journal rewritten in place (which verify would call damaged)
+            elif info.st_size or any(_views_shown(run_dir)):
+                # size for appends, mtime for a journal rewritten in place (which verify would call damaged);
+                # an emptied journal beside waypoint views is a damaged run, listed as such, never hidden
                 versions[run_id] = f"{info.st_size}:{info.st_ino}:{info.st_mtime_ns}"
         return versions
 
