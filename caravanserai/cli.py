@@ -24,7 +24,7 @@ from .runs.api import clean, readable_run_id
 from .runs.index import age_seconds, check_index, list_runs
 from .runs.lifecycle import require_events
 from .runs.settle import settle
-from .runs.snapshots import TRUST_ENV, trusted
+from .runs.snapshots import TRUST_ENV, store_trusted
 from .runs.view import AttemptView, RunView, gc_paused, inspect_run
 from .stores import ENV_VAR, open_store
 
@@ -237,9 +237,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _store_trusted(store: Any, run_id: str) -> bool:
-    """The rule pickle follows (a store private to this user, or one the user marked trusted), or a
-    local run whose files no one but this user can have written (a 0.2.0 directory made with umask 022)."""
-    return bool(store.private_to_user()) or trusted(store.url) or bool(store.run_written_only_by_user(run_id))
+    """The rule pickle follows, or a local run whose files no one but this user can have written
+    (a 0.2.0 directory made with umask 022)."""
+    return store_trusted(store) or bool(store.run_written_only_by_user(run_id))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

@@ -25,7 +25,7 @@ from caravanserai.errors import UsageError as CaravanseraiUsageError
 from caravanserai.journal import digest
 from caravanserai.runs.fork import fork
 from caravanserai.runs.lifecycle import RunScope
-from caravanserai.runs.snapshots import Snapshotter, trusted
+from caravanserai.runs.snapshots import Snapshotter, store_trusted
 from caravanserai.stores import open_store
 
 OUTPUT_LIMIT = 64 * 1024
@@ -213,7 +213,7 @@ class CellRun:
             run.append({"type": "restarted", "definition_sha256": definition, "cell_source": self.source})
         self.snapshot = Snapshotter(self.namespace, self.names, objects=store.objects, run_id=run.run_id,
                                     store_url=store.url, strict=self.strict, trusted_store=store.private_to_user())
-        self.trusted_output = bool(store.private_to_user()) or trusted(store.url)  # the pickle rule
+        self.trusted_output = store_trusted(store)  # the pickle rule
         saved = run.saved_names or {}
         if saved.get("values"):
             self.restored = set(self.snapshot.restore(saved["values"], self.deferred, definable=self.defined))

@@ -47,7 +47,7 @@ from ..errors import (
 from ..journal import to_json
 from . import values
 
-__all__ = ["Snapshotter", "UntrustedPickle", "decode_value", "encode_value", "trust_store", "trusted"]
+__all__ = ["Snapshotter", "UntrustedPickle", "decode_value", "encode_value", "store_trusted", "trust_store", "trusted"]
 
 INLINE_LIMIT = 16 * 1024
 _DIGEST = re.compile(r"[0-9a-f]{64}")
@@ -65,6 +65,12 @@ def trust_store(url: str) -> None:
 def trusted(url: str) -> bool:
     """True if the user trusted ``url`` for pickle (``trust_store`` or ``CARAVANSERAI_TRUSTED_STORES``)."""
     return url in _TRUSTED or url in [u.strip() for u in os.environ.get(TRUST_ENV, "").split(",") if u.strip()]
+
+
+def store_trusted(store: Any) -> bool:
+    """The pickle rule for a whole store: private to this user (``Store.private_to_user``), or one
+    the user trusted. What else a store's data may choose (re-shown HTML, a command to run) follows it."""
+    return bool(store.private_to_user()) or trusted(store.url)
 
 
 def _signature(payload: bytes) -> str | None:
