@@ -10,6 +10,8 @@ from __future__ import annotations
 from . import _moved
 from ._version import __version__
 from .agents.agent import Agent, DiskDurableStore, Durable, RunResult, Tool, agent, run, tool
+from .calls import http_journal
+from .calls.http_journal import UnjournaledCallWarning
 from .calls.journaled import current_idempotency_key
 from .calls.ledger import Budget, Receipt
 from .calls.models import Model, ModelResponse, OpenAICompatibleModel, auto
@@ -75,8 +77,10 @@ from .errors import (
     StoreUnavailable,
     ToolEffectUncertain,
     ToolFailed,
+    UndigestableValue,
     UnknownNode,
     UnknownStoreScheme,
+    UnsupportedClient,
     UntrustedPickle,
     UsageError,
     ValueRestoreError,
@@ -188,8 +192,11 @@ __all__ = [
     "Tool",
     "ToolEffectUncertain",
     "ToolFailed",
+    "UndigestableValue",
+    "UnjournaledCallWarning",
     "UnknownNode",
     "UnknownStoreScheme",
+    "UnsupportedClient",
     "UntrustedPickle",
     "UsageError",
     "ValueRestoreError",
@@ -206,6 +213,7 @@ __all__ = [
     "durable_client",
     "fork",
     "history",
+    "http_journal",
     "input_is_replayable",
     "inspect_run",
     "last_updated",

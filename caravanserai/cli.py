@@ -19,6 +19,7 @@ from typing import Any, NoReturn, cast
 
 from ._version import __version__
 from .cli_checkpoints import add_checkpoint_commands
+from .cli_proxy import add_proxy_command
 from .errors import CaravanseraiError, ResumeError, ResumeNotConfirmed, RunNotFound, UsageError
 from .runs.api import clean, readable_run_id
 from .runs.index import age_seconds, check_index, list_runs
@@ -337,6 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--error", metavar="TEXT", help="the tool failed with this message")
     p.set_defaults(func=cmd_settle)
     add_checkpoint_commands(sub, common)
+    add_proxy_command(sub, common)
     p = sub.add_parser("verify", parents=[common], help="check journals' integrity (hash chain, journaled figures)")
     p.add_argument("run_ids", nargs="*", metavar="RUN", help="runs to check (default: every run)")
     p.set_defaults(func=cmd_verify)
@@ -363,7 +365,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_command(argv: Sequence[str]) -> int:
     """Parse and run one command, letting its errors propagate (the ``%caravanserai`` magic uses this)."""
-    args = build_parser().parse_args(argv)
+    argv = list(argv)
+    cut = argv.index("--") if "--" in argv else len(argv)  # what follows `--` is a command to run (proxy)
+    args = build_parser().parse_args(argv[:cut])
+    if cut < len(argv):
+        if not hasattr(args, "program"):
+            raise UsageError(f"`--` takes a command only after `caravanserai proxy`, not after `{args.command}`")
+        args.program = [*args.program, *argv[cut + 1:]]
     if not hasattr(args, "store"):
         args.store = None
     return args.func(args)

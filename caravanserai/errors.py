@@ -10,7 +10,8 @@ The tree (codes in parentheses)::
     │   ├── InvalidStoreUrl                (invalid_store_url)      a store URL or option this version does not understand
     │   ├── UnknownStoreScheme             (unknown_store_scheme)
     │   ├── SerializationError             (serialization_error)    a state or value JSON cannot hold
-    │   │   └── Unencodable                (unencodable)            no typed-JSON form (``path``); a snapshot then tries pickle
+    │   │   ├── Unencodable                (unencodable)            no typed-JSON form (``path``); a snapshot then tries pickle
+    │   │   └── UndigestableValue          (undigestable_value)     a digest over a value that is not JSON (never its repr)
     │   ├── InvalidObjectKey               (invalid_object_key)     not a plain relative /-path
     │   ├── InvalidPutMode                 (invalid_put_mode)       not "overwrite", "create" or IfVersion
     │   └── ObjectCompactionInvalid        (object_compaction_invalid) compact_every / delta_every not a count >= 1
@@ -54,7 +55,8 @@ The tree (codes in parentheses)::
     │   ├── BudgetExceeded                 (budget_exceeded)        the call would exceed the budget; not sent
     │   ├── ToolFailed                     (tool_failed)            a tool raised (an agent shows it to the model)
     │   ├── ToolEffectUncertain            (durable_tool_effect_uncertain) a write/external tool's outcome is unknown
-    │   └── MaxTurnsExceeded               (max_turns_exceeded)     an agent used all its turns
+    │   ├── MaxTurnsExceeded               (max_turns_exceeded)     an agent used all its turns
+    │   └── UnsupportedClient              (unsupported_client)     durable_client() of a client not on httpx/httpx2
     ├── CheckpointError                    (checkpoint_error)       DurableAgent checkpoints and logs
     │   ├── CheckpointFormatError          (checkpoint_format)      not a checkpoint this version can read
     │   ├── CheckpointCorruptionError      (checkpoint_corruption)  damaged bytes, or an id that does not match
@@ -145,8 +147,10 @@ __all__ = [
     "StoreUnavailable",
     "ToolEffectUncertain",
     "ToolFailed",
+    "UndigestableValue",
     "UnknownNode",
     "Unencodable",
+    "UnsupportedClient",
     "UnknownStoreScheme",
     "UntrustedPickle",
     "UsageError",
@@ -227,6 +231,13 @@ class Unencodable(SerializationError):
     ``path`` says where. The notebook snapshot catches it and tries pickle."""
 
     code = "unencodable"
+
+
+class UndigestableValue(SerializationError):
+    """A request, definition or argument digest met a value JSON cannot hold (an SDK sentinel, an
+    object): refused, because its ``repr`` may hold a memory address and never match on resume."""
+
+    code = "undigestable_value"
 
 
 class InvalidObjectKey(InvalidInput):
@@ -460,6 +471,12 @@ class ToolEffectUncertain(CallError):
 
 class MaxTurnsExceeded(CallError):
     code = "max_turns_exceeded"
+
+
+class UnsupportedClient(CallError, TypeError):
+    """``durable_client(x)`` of an object that is not an SDK client on httpx or httpx2."""
+
+    code = "unsupported_client"
 
 
 class CheckpointError(CaravanseraiError):

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from .errors import JournalCorruptionError, SerializationError
+from .errors import JournalCorruptionError, SerializationError, UndigestableValue
 
 FORMAT_VERSION = 1
 RESERVED_FIELDS = ("v", "seq", "at", "type", "prev")
@@ -99,8 +99,27 @@ def canonical(value: Any, *, default: Callable[[Any], Any] | None = repr) -> str
 
 
 def digest(value: Any) -> str:
-    """SHA-256 hex of ``value``'s canonical JSON (request, definition and budget digests)."""
-    return hashlib.sha256(canonical(value).encode("utf-8")).hexdigest()
+    """SHA-256 hex of ``value``'s canonical JSON (request, definition and budget digests).
+
+    A value JSON cannot hold is refused (``UndigestableValue``), never digested by its ``repr``: an
+    SDK sentinel such as openai's ``omit`` has a memory address there, so no resume would match.
+    """
+    return hashlib.sha256(canonical(value, default=_undigestable).encode("utf-8")).hexdigest()
+
+
+def _undigestable(value: Any) -> Any:
+    raise UndigestableValue(
+        f"cannot digest a {type(value).__module__}.{type(value).__qualname__} ({_short_repr(value)}): digests are taken "
+        "over JSON only; pass plain JSON values (drop SDK sentinels such as openai.omit / NOT_GIVEN)",
+        type=f"{type(value).__module__}.{type(value).__qualname__}")
+
+
+def _short_repr(value: Any) -> str:
+    try:
+        text = repr(value)
+    except Exception:
+        text = "?"
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def line_digest(line: str) -> str:

@@ -23,9 +23,10 @@ from ..journal import RawJSON, canonical, digest, to_json
 from .ledger import Ledger
 from .models import Model, ModelResponse, Usage
 from .pricing import estimate_usd, price_for
+from .scope import paused
 
-__all__ = ["EFFECTS", "Journal", "current_idempotency_key", "fail_call", "idempotency_key", "journaled_call", "model_call",
-           "settle_call", "start_call", "tool_call"]
+__all__ = ["EFFECTS", "Journal", "current_idempotency_key", "fail_call", "failed_call", "idempotency_key", "journaled_call",
+           "model_call", "settle_call", "start_call", "tool_call"]
 
 
 class Journal(Protocol):
@@ -74,8 +75,13 @@ def fail_call(run: Journal, pending: dict, exc: BaseException) -> None:
     """The call failed before any answer: journal it (nothing was spent), unless the process is stopping."""
     if not isinstance(exc, (KeyboardInterrupt, SystemExit)):
         info = exc.to_dict() if isinstance(exc, CaravanseraiError) else {"code": type(exc).__name__, "message": str(exc)[:500]}
-        run.append({"type": "call_failed", **info, "path": pending["path"], "kind": pending["kind"],
-                    "call_id": pending["call_id"]})  # the call's own fields win over the error's
+        failed_call(run, pending, info)
+
+
+def failed_call(run: Journal, pending: dict, info: dict) -> None:
+    """Journal ``call_failed`` with ``info`` (``code``, ``message``): no answer was settled."""
+    run.append({"type": "call_failed", **info, "path": pending["path"], "kind": pending["kind"],
+                "call_id": pending["call_id"]})  # the call's own fields win over the error's
 
 
 def settle_call(run: Journal, pending: dict, response: dict, usage: Usage) -> dict:
@@ -117,7 +123,8 @@ def model_call(run: Journal, model: Model, messages: list[dict], *, path: str, t
     request = {"model": model.describe(), "messages": messages, "tools": tools or [], "params": params}
 
     def send() -> tuple[dict, Usage]:
-        response = model.complete(messages, tools=tools, **params)
+        with paused():  # journaled here, so not again by the transport journal
+            response = model.complete(messages, tools=tools, **params)
         return response.to_dict(), response.usage
 
     data = journaled_call(run, path=path, kind="model", provider=model.provider, model=model.name, request=request,

@@ -103,6 +103,7 @@ class Receipt:
     calls: list[CallRecord] = field(default_factory=list)
     resume: ResumeInfo | None = None
     label: str = PRICE_LABEL
+    unjournaled: list[str] = field(default_factory=list)  # model requests sent unjournaled this attempt (paid again on resume)
 
     @property
     def tokens(self) -> int:
@@ -119,7 +120,8 @@ class Receipt:
     def summary(self) -> str:
         """One line: calls, tokens and inferred USD (with unpriced calls said, never counted as $0)."""
         usd = f"${self.estimated_usd:.6f}" + (" + unpriced calls" if self.unpriced else "")
-        return f"{len(self.calls)} call(s), {self.tokens} tokens, {usd} ({self.label})"
+        unjournaled = f"; UNJOURNALED (paid again on resume): {', '.join(self.unjournaled)}" if self.unjournaled else ""
+        return f"{len(self.calls)} call(s), {self.tokens} tokens, {usd} ({self.label}){unjournaled}"
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
         rows = [(c.call_id, c.model, c.attempt, c.total_tokens, "unpriced" if not c.priced else f"${c.estimated_usd:.6f}")
@@ -137,6 +139,7 @@ class Receipt:
             "unpriced": self.unpriced,
             "label": self.label,
             "resume": self.resume.to_dict() if self.resume else None,
+            "unjournaled": list(self.unjournaled),
         }
 
 
@@ -210,6 +213,7 @@ class Ledger:
         self._settled_ids: set[str] = set()
         self.unsettled_intents: dict[str, dict] = {}
         self.resume: ResumeInfo | None = None
+        self.unjournaled: list[str] = []  # model requests the transport journal saw but could not journal
         started: dict[str | None, dict] = {}  # keyed as the journal gives them: a damaged event may lack its call_id
         window_start = 0  # index of the first event after the last boundary
         attempt_no = 0
@@ -299,7 +303,7 @@ class Ledger:
         return record
 
     def receipt(self) -> Receipt:
-        return Receipt(list(self.records), self.resume)
+        return Receipt(list(self.records), self.resume, unjournaled=list(self.unjournaled))
 
 
     # ---- replay --------------------------------------------------------------------------

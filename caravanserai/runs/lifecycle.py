@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from typing import Any, Literal
 
 from .. import journal
+from ..calls import http_journal as transport_journal
 from ..calls.ledger import Budget
 from ..errors import RunLocked, RunNotFound
 from ..ids import validate_run_id
@@ -202,6 +203,7 @@ class RunScope:
         if self.owner:
             run.reset_loops()
         self._token = _CURRENT.set(run)
+        self._http_token = transport_journal.bind(run)
         return run
 
     def __exit__(self, etype: Any, error: Any, tb: Any) -> Literal[False]:
@@ -221,6 +223,7 @@ class RunScope:
             elif not isinstance(error, self.not_failures):
                 run.fail(error)
         finally:
+            transport_journal.unbind(self._http_token)
             _CURRENT.reset(self._token)
             if self.owner:
                 run.close()
@@ -230,7 +233,7 @@ class RunScope:
 @contextmanager
 def durable(run_id: str, *, store: Store | str | None = None, definition: Any = None, input: Any = None,
             budget: Any = None, session_id: str | None = None, capture: Sequence[str] | None = None,
-            namespace: dict | None = None) -> Iterator[Run]:
+            namespace: dict | None = None, http_journal: bool = True) -> Iterator[Run]:
     """Run a block as one durable run: locked, journaled, completed on success.
 
     ``definition`` (any JSON, or its SHA-256), ``input``, ``budget`` (``{"usd", "tokens", "calls"}``)
@@ -239,7 +242,9 @@ def durable(run_id: str, *, store: Store | str | None = None, definition: Any = 
     ``run.call_tool``, a ``durable_client``) replay on resume. ``capture=["total", ...]`` saves
     those variables of ``namespace`` (default: the caller's globals, i.e. the notebook's) with every
     commit and puts them back when the block is entered again — what ``%%resumable`` does, without
-    the magic. An exception records ``run_failed`` for this attempt and propagates;
+    the magic. Model requests made over httpx/httpx2 inside the block (any SDK or framework) are
+    journaled at the transport; ``http_journal=False`` sends them unjournaled (paid again on resume).
+    An exception records ``run_failed`` for this attempt and propagates;
     KeyboardInterrupt (Ctrl-C, Kernel > Interrupt) records ``interrupted`` and leaves the run
     pending and resumable.
     """
@@ -247,6 +252,7 @@ def durable(run_id: str, *, store: Store | str | None = None, definition: Any = 
     target = namespace if namespace is not None else sys._getframe(2).f_globals
     scope = RunScope(run_id, store, identity, parsed)
     with scope as run:
+        run.http_journal = http_journal
         if capture:
             scope.ending = False  # a variable that cannot be restored ends nothing: nothing ran yet
             _restore_captured(run, capture, target)

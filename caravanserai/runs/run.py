@@ -123,6 +123,8 @@ class Run:
         self.listeners: list[Any] = []  # called with the stored events after each append (status lines, panels)
         self.active_loops: list[Any] = []  # resumable_iterate loops running over this run right now
         self.ledger = Ledger(run_id, events, self.attempt)
+        self.http_journal = True  # False: model requests over httpx/httpx2 are not journaled (durable(http_journal=False))
+        self._proxy: Any = None
 
     # ---- reading -------------------------------------------------------------------------
     @property
@@ -311,8 +313,25 @@ class Run:
             self._iterate_loops += 1
             return index
 
+    def proxy_url(self, upstream: str) -> str:
+        """A loopback base URL standing for ``upstream`` whose model requests this run journals.
+
+        For clients that are not Python on httpx: ``dspy.LM(..., api_base=run.proxy_url(URL))``,
+        ``ANTHROPIC_BASE_URL=run.proxy_url("https://api.anthropic.com")`` for the Claude Agent SDK.
+        Served from this process until the run closes.
+        """
+        with self.lock:
+            if self._proxy is None:
+                from ..calls.http_proxy import HttpProxy
+
+                self._proxy = HttpProxy(self)
+            return str(self._proxy.url_for(upstream))
+
     def close(self) -> None:
         with self.lock:
+            if self._proxy is not None:
+                self._proxy.close()
+                self._proxy = None
             if not self._closed:
                 if self.replayed and self._lease.held:
                     try:

@@ -1,0 +1,383 @@
+"""The journal at the HTTP transport: every model request made inside a run, by any SDK or framework.
+
+When a run opens, ``install()`` patches ``HTTPTransport.handle_request`` and
+``AsyncHTTPTransport.handle_async_request`` of httpx and httpx2 (whichever are installed), once per
+process. That reaches the clients frameworks build privately (LangChain's, litellm's, CrewAI's)
+and transport subclasses. Outside a run, and for requests that are not model calls
+(``http_record.Rules.journaled``; caravanserai's own HTTP store included), the patch only passes
+the request on. Inside a run a model request is:
+
+- **keyed** (``http_record.request_key``) and, if the run's journal holds a settled call with the
+  same key in its replay window, answered from the journal: the recorded bytes go back to the SDK,
+  which parses them itself (an SSE stream one event per chunk), so the caller gets its own types;
+- otherwise budget-checked (``max_tokens`` / ``max_completion_tokens`` / ``max_output_tokens``),
+  its intent appended durably (``call_started``), sent, and its answer recorded: a JSON body is
+  read and settled (``call_settled``) before the SDK sees it; a stream passes through chunk by
+  chunk as it arrives and settles when its final event arrives, before the consumer sees the end;
+  a non-2xx status is journaled as ``call_failed`` (an SDK's retry loop carries on).
+
+Opt out for a process with ``CARAVANSERAI_HTTP_JOURNAL=off`` or ``configure(enabled=False)``, for a
+run with ``durable(..., http_journal=False)``, for a block with ``with paused():``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import importlib
+import importlib.util
+import os
+import threading
+import warnings
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import nullcontext
+from typing import Any
+
+from . import http_record
+from .http_record import NotJournalable, Rules, SseSplitter, rules
+from .journaled import Journal, fail_call, failed_call, settle_call, start_call
+from .scope import PAUSED, RUN, bound_run, paused
+
+__all__ = ["UnjournaledCallWarning", "bind", "bound_run", "configure", "install", "installed_modules", "paused", "rules",
+           "unbind", "wrap_transport"]
+
+_INSTALL_LOCK = threading.Lock()
+
+
+class UnjournaledCallWarning(UserWarning):
+    """A model request inside a run went out unjournaled (named once per run; a resume pays it again)."""
+
+
+_PATCHED: dict[str, Any] = {}  # module name -> the module, once its transports are patched
+
+
+def configure(*, enabled: bool | None = None, endpoints: tuple[str, ...] | list[str] | None = None,
+              identity_fields: tuple[str, ...] | list[str] | None = None,
+              meaning_headers: tuple[str, ...] | list[str] | None = None) -> Rules:
+    """Change what the transport journal treats as a model request, for this process.
+
+    ``endpoints``: URL path endings journaled (default ``ENDPOINTS``); ``identity_fields``: top-level
+    body fields left out of the key (default ``metadata``, ``user``, ``safety_identifier``,
+    ``prompt_cache_key``); ``meaning_headers``: headers kept in the key. Returns the rules now in force.
+    """
+    if enabled is not None:
+        rules.enabled = enabled
+    if endpoints is not None:
+        rules.endpoints = tuple(endpoints)
+    if identity_fields is not None:
+        rules.identity_fields = tuple(identity_fields)
+    if meaning_headers is not None:
+        rules.meaning_headers = tuple(h.lower() for h in meaning_headers)
+    return rules
+
+
+def bind(run: Journal) -> contextvars.Token:
+    """Make ``run`` the journal of model requests in this context (the run lifecycle calls this)."""
+    install()
+    return RUN.set(run)
+
+
+def unbind(token: contextvars.Token) -> None:
+    RUN.reset(token)
+
+
+def _active() -> Journal | None:
+    run = RUN.get()
+    if run is None or PAUSED.get() or not rules.enabled or not getattr(run, "http_journal", True):
+        return None
+    return run
+
+
+def install() -> list[str]:
+    """Patch the transports of httpx and httpx2 (those installed), once; returns the modules patched."""
+    if os.environ.get("CARAVANSERAI_HTTP_JOURNAL", "").strip().lower() in ("0", "off", "false", "no"):
+        rules.enabled = False
+    with _INSTALL_LOCK:
+        for name in ("httpx", "httpx2"):
+            if name not in _PATCHED and importlib.util.find_spec(name) is not None:
+                module = importlib.import_module(name)
+                _patch(module)
+                _PATCHED[name] = module
+    return installed_modules()
+
+
+def installed_modules() -> list[str]:
+    return sorted(_PATCHED)
+
+
+def _patch(module: Any) -> None:
+    sync_send = module.HTTPTransport.handle_request
+    async_send = module.AsyncHTTPTransport.handle_async_request
+
+    def handle_request(self: Any, request: Any) -> Any:
+        run = _active()
+        if run is None:
+            return sync_send(self, request)
+        return journal_sync(module, run, request, lambda: sync_send(self, request))
+
+    async def handle_async_request(self: Any, request: Any) -> Any:
+        run = _active()
+        if run is None:
+            return await async_send(self, request)
+        return await journal_async(module, run, request, lambda: async_send(self, request))
+
+    handle_request.__wrapped__ = sync_send  # type: ignore[attr-defined]
+    handle_async_request.__wrapped__ = async_send  # type: ignore[attr-defined]
+    module.HTTPTransport.handle_request = handle_request
+    module.AsyncHTTPTransport.handle_async_request = handle_async_request
+
+
+def wrap_transport(transport: Any, module: Any) -> Any:
+    """A transport that journals around ``transport`` (for a client whose transport is not httpx's own)."""
+    if isinstance(transport, module.AsyncBaseTransport):
+        class AsyncJournaling(module.AsyncBaseTransport):
+            async def handle_async_request(self, request: Any) -> Any:
+                run = _active()
+                if run is None:
+                    return await transport.handle_async_request(request)
+                return await journal_async(module, run, request, lambda: transport.handle_async_request(request))
+
+            async def aclose(self) -> None:
+                await transport.aclose()
+        return AsyncJournaling()
+
+    class Journaling(module.BaseTransport):
+        def handle_request(self, request: Any) -> Any:
+            run = _active()
+            if run is None:
+                return transport.handle_request(request)
+            return journal_sync(module, run, request, lambda: transport.handle_request(request))
+
+        def close(self) -> None:
+            transport.close()
+    return Journaling()
+
+
+# ---- one request ----------------------------------------------------------------------------------
+
+
+class _Call:
+    """One journaled model request: its key, then its intent, its answer and how it ended."""
+
+    def __init__(self, run: Journal, request: Any, body: bytes) -> None:
+        self.run = run
+        self.path = request.url.path
+        self.method = request.method
+        self.keyed, self.body = http_record.request_key(self.method, self.path, body, request.headers)
+        self.model = str(self.body.get("model") or "")
+        self.pending: dict | None = None
+        self.splitter = SseSplitter()
+        self.events: list[bytes] = []
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.ended = False
+        self.decoder: Any = None
+
+    def begin(self) -> dict | None:
+        """The recorded answer to replay, or None once the intent is durable (the request may go out)."""
+        with getattr(self.run, "lock", nullcontext()):
+            replayed, self.pending = start_call(
+                self.run, path=f"{self.method} {self.path}", kind="model", provider=http_record.provider_of(self.path),
+                model=self.model, request=self.keyed, prompt_estimate=http_record.prompt_estimate(self.body),
+                max_tokens=http_record.max_output_tokens(self.body))
+        return replayed
+
+    def answered(self, response: Any, module: Any) -> bool:
+        """Note the status and headers; True when the answer is an SSE stream to record as it passes."""
+        self.status = response.status_code
+        self.headers = {k.lower(): v for k, v in response.headers.items()}
+        encoding = self.headers.get("content-encoding", "identity").strip().lower()
+        decoders = getattr(getattr(module, "_decoders", None), "SUPPORTED_DECODERS", {})
+        self.decoder = decoders[encoding]() if encoding in decoders and encoding != "identity" else None
+        return 200 <= self.status < 300 and self.headers.get("content-type", "").startswith("text/event-stream")
+
+    def settle_body(self, body: bytes) -> None:
+        if not 200 <= self.status < 300:
+            self.fail_status(body)
+            return
+        stored = http_record.record(self.status, self.headers, body=body, model=self.model)
+        self._settle(stored)
+
+    def feed(self, chunk: bytes) -> None:
+        """A stream chunk as it passes: settle before the chunk holding the final event is handed on."""
+        if self.ended:
+            return
+        data = _joined(self.decoder.decode(chunk)) if self.decoder is not None else chunk
+        for event in self.splitter.feed(data):
+            self.events.append(event)
+            end = http_record.stream_end(event)
+            if end == "done":
+                self._settle_stream()
+                return
+            if end == "error":
+                self.fail_status(event)
+                return
+
+    def finish(self) -> None:
+        """The stream ended normally without a final event: what arrived is the answer."""
+        if not self.ended:
+            if self.decoder is not None:
+                self.events.extend(self.splitter.feed(_joined(self.decoder.flush())))
+            rest = self.splitter.rest()
+            if rest:
+                self.events.append(rest)
+            self._settle_stream()
+
+    def _settle_stream(self) -> None:
+        self._settle(http_record.record(self.status, self.headers, events=self.events, model=self.model))
+
+    def _settle(self, stored: dict) -> None:
+        self.ended = True
+        assert self.pending is not None
+        with getattr(self.run, "lock", nullcontext()):
+            settle_call(self.run, self.pending, stored, http_record.usage_of(stored))
+
+    def fail_status(self, body: bytes) -> None:
+        self.ended = True
+        assert self.pending is not None
+        failed_call(self.run, self.pending, {"code": f"http_{self.status}",
+                                             "message": body[:500].decode("utf-8", "replace")})
+
+    def fail(self, exc: BaseException) -> None:
+        if not self.ended and self.pending is not None:
+            self.ended = True
+            fail_call(self.run, self.pending, exc)
+
+
+def _joined(data: Any) -> bytes:
+    """A decoder's output as bytes (httpx's decoders return bytes, httpx2's an iterator of them)."""
+    return data if isinstance(data, bytes) else b"".join(data)
+
+
+def _keyed(run: Journal, request: Any, body: bytes) -> _Call | None:
+    """The call to journal, or None (not a model request, or one that cannot be keyed: named once)."""
+    method, path = request.method, request.url.path
+    if not rules.journaled(method, path):
+        if http_record.looks_like_model_call(method, path):
+            _unjournaled(run, f"{method} {path}", "its path is not in the journaled endpoint list "
+                         "(caravanserai.http_journal.configure(endpoints=...) adds it)")
+        return None
+    try:
+        return _Call(run, request, body)
+    except NotJournalable as exc:
+        _unjournaled(run, f"{method} {path}", str(exc))
+        return None
+
+
+def _unjournaled(run: Journal, what: str, why: str) -> None:
+    """Name, once per run, a model request that went out unjournaled (it is paid again on resume)."""
+    ledger = run.ledger
+    seen = getattr(ledger, "unjournaled", None)
+    if seen is None or what in seen:
+        return
+    seen.append(what)
+    warnings.warn(f"run {run.run_id!r}: the model request {what} was sent unjournaled: {why}; "
+                  "a resume will send and pay for it again", UnjournaledCallWarning, stacklevel=4)
+
+
+def _replayed_response(module: Any, request: Any, stored: dict, is_async: bool) -> Any:
+    chunks = http_record.replay_chunks(stored)
+    headers = list((stored.get("headers") or {}).items())
+    stream = _streams(module)[1 if is_async else 0](chunks)
+    return module.Response(int(stored.get("status", 200)), headers=headers, stream=stream, request=request)
+
+
+def _fresh_response(module: Any, request: Any, response: Any, body: bytes) -> Any:
+    """The answer as the SDK would have read it, with its body already read (and decoded)."""
+    headers = [(k, v) for k, v in response.headers.items() if k.lower() not in ("content-encoding", "content-length",
+                                                                                  "transfer-encoding")]
+    return module.Response(response.status_code, headers=headers, content=body, request=request,
+                           extensions=response.extensions)
+
+
+def journal_sync(module: Any, run: Journal, request: Any, send: Callable[[], Any]) -> Any:
+    call = _keyed(run, request, request.read())
+    if call is None:
+        return send()
+    stored = call.begin()
+    if stored is not None:
+        return _replayed_response(module, request, stored, is_async=False)
+    try:
+        response = send()
+        if call.answered(response, module):
+            response.stream = _streams(module)[2](response.stream, call)
+            return response
+        body = response.read()
+        call.settle_body(body)
+    except BaseException as exc:
+        call.fail(exc)
+        raise
+    return _fresh_response(module, request, response, body)
+
+
+async def journal_async(module: Any, run: Journal, request: Any, send: Callable[[], Awaitable[Any]]) -> Any:
+    call = _keyed(run, request, await request.aread())
+    if call is None:
+        return await send()
+    stored = call.begin()
+    if stored is not None:
+        return _replayed_response(module, request, stored, is_async=True)
+    try:
+        response = await send()
+        if call.answered(response, module):
+            response.stream = _streams(module)[3](response.stream, call)
+            return response
+        body = await response.aread()
+        call.settle_body(body)
+    except BaseException as exc:
+        call.fail(exc)
+        raise
+    return _fresh_response(module, request, response, body)
+
+
+_STREAMS: dict[str, tuple[Any, Any, Any, Any]] = {}
+
+
+def _streams(module: Any) -> tuple[Any, Any, Any, Any]:
+    """(replay sync, replay async, recording sync, recording async) byte streams of ``module``'s types."""
+    made = _STREAMS.get(module.__name__)
+    if made is not None:
+        return made
+
+    class Replay(module.SyncByteStream):
+        def __init__(self, chunks: list[bytes]) -> None:
+            self.chunks = chunks
+
+        def __iter__(self) -> Iterator[bytes]:
+            yield from self.chunks
+
+    class AsyncReplay(module.AsyncByteStream):
+        def __init__(self, chunks: list[bytes]) -> None:
+            self.chunks = chunks
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            for chunk in self.chunks:
+                yield chunk
+
+    class Recording(module.SyncByteStream):
+        def __init__(self, inner: Any, call: _Call) -> None:
+            self.inner, self.call = inner, call
+
+        def __iter__(self) -> Iterator[bytes]:
+            for chunk in self.inner:  # an error or an abandoned stream leaves the call unsettled: sent again
+                self.call.feed(chunk)
+                yield chunk
+            self.call.finish()
+
+        def close(self) -> None:
+            self.inner.close()  # abandoned midway: the call stays unsettled, sent again on resume
+
+    class AsyncRecording(module.AsyncByteStream):
+        def __init__(self, inner: Any, call: _Call) -> None:
+            self.inner, self.call = inner, call
+
+        async def __aiter__(self) -> AsyncIterator[bytes]:
+            async for chunk in self.inner:
+                self.call.feed(chunk)
+                yield chunk
+            self.call.finish()
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    made = _STREAMS[module.__name__] = (Replay, AsyncReplay, Recording, AsyncRecording)
+    return made
