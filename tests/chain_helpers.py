@@ -23,6 +23,7 @@ import sys
 import textwrap
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,8 +78,10 @@ def _env(base: str, run_id: str, store: str, extra: dict | None) -> dict:
 
 
 def run_child(script: Path, base: str, run_id: str, store: str, *, python: str = sys.executable,
-              pause_after: int = 0, kill_at: str | None = None, env: dict | None = None, timeout: float = 240) -> Attempt:
-    """Run the chain; SIGKILL it when it prints a line starting with ``kill_at`` (e.g. "PAUSED", "CHUNK 5")."""
+              pause_after: int = 0, kill_at: str | None = None, env: dict | None = None, timeout: float = 240,
+              in_flight: Callable[[], bool] | None = None) -> Attempt:
+    """Run the chain; SIGKILL it when it prints a line starting with ``kill_at`` (e.g. "PAUSED", "CHUNK 5")
+    and, if given, once ``in_flight()`` says the server has the request."""
     proc = subprocess.Popen([python, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=_env(base, run_id, store, {"PAUSE_AFTER": str(pause_after), **(env or {})}))
     lines: list[str] = []
@@ -88,6 +91,8 @@ def run_child(script: Path, base: str, run_id: str, store: str, *, python: str =
     for line in proc.stdout:
         lines.append(line)
         if kill_at is not None and line.startswith(kill_at):
+            while in_flight is not None and not in_flight() and time.monotonic() < deadline:
+                time.sleep(0.01)
             os.kill(proc.pid, signal.SIGKILL)
             killed = True
             break
@@ -117,8 +122,13 @@ def request_keys(api, since: int = 0) -> list[str]:
 
 
 def kill_and_resume(tmp_path: Path, api, step: str, *, stream_call: int = 5, python: str = sys.executable,
-                    env: dict | None = None, calls_per_step: int = 1, store: str | None = None) -> dict:
-    """The whole proof (see the module docstring); returns facts for framework-specific checks."""
+                    env: dict | None = None, calls_per_step: int = 1, store: str | None = None,
+                    streams: bool = True, usage: bool = True) -> dict:
+    """The whole proof (see the module docstring); returns facts for framework-specific checks.
+
+    ``streams=False`` (a framework that does not stream): the second kill lands while call
+    ``stream_call`` is in flight at the server (``chunk(i)`` is then called just before the call).
+    ``usage=False``: some streamed calls ask for no usage (no ``include_usage``), so not every call has tokens."""
     script = tmp_path / "chain.py"
     script.write_text(child_source(step))
     store = store or f"sqlite:///{tmp_path / 'runs.db'}"
@@ -135,12 +145,17 @@ def kill_and_resume(tmp_path: Path, api, step: str, *, stream_call: int = 5, pyt
     after_first = len(api.requests)
     assert after_first - mark == 3 * calls_per_step
 
-    old_delay = api.stream_delay
-    api.stream_delay = 0.4  # slow enough to kill between two events of the stream
+    old_delays = api.stream_delay, api.response_delay
+    if streams:
+        api.stream_delay = 0.4  # slow enough to kill between two events of the stream
+    else:
+        api.response_delay = 1.0  # the request sits at the server: kill the client then
+    wanted = after_first + (stream_call - 3) * calls_per_step
     try:
-        second = run_child(script, base, "chain", store, python=python, env=env, kill_at=f"CHUNK {stream_call}")
+        second = run_child(script, base, "chain", store, python=python, env=env, kill_at=f"CHUNK {stream_call}",
+                           in_flight=lambda: len(api.requests) >= wanted)
     finally:
-        api.stream_delay = old_delay
+        api.stream_delay, api.response_delay = old_delays
     after_second = len(api.requests)
     # calls 1-3 replayed from the journal: only calls 4 .. stream_call went out
     assert after_second - after_first == (stream_call - 3) * calls_per_step, request_keys(api, after_first)
@@ -169,6 +184,6 @@ def kill_and_resume(tmp_path: Path, api, step: str, *, stream_call: int = 5, pyt
     assert resume["attempts"] == 3 and resume["possible_double_count_calls"] == calls_per_step
     assert resume["prior_calls"] == (stream_call - 1) * calls_per_step
     assert len(third.receipt["calls"]) == 6 * calls_per_step and third.receipt["unjournaled"] == []
-    assert all(c["prompt_tokens"] > 0 and c["completion_tokens"] > 0 for c in third.receipt["calls"]
-               if "embeddings" not in c["path"]), third.receipt["calls"]
+    with_usage = [c for c in third.receipt["calls"] if c["prompt_tokens"] > 0 and c["completion_tokens"] > 0]
+    assert len(with_usage) == 6 * calls_per_step if usage else with_usage, third.receipt["calls"]
     return {"reference": reference, "attempts": (first, second, third), "events": events, "store": store}

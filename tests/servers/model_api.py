@@ -351,6 +351,7 @@ class ModelAPI:
 
     def __init__(self, port: int = 0, stream_delay: float = 0.0) -> None:
         self.stream_delay = stream_delay
+        self.response_delay = 0.0  # seconds before any answer is written (a request in flight)
         self.requests: list[dict] = []
         self._lock = threading.Lock()
         self._fail: tuple[int, int] = (0, 0)           # (status, times left)
@@ -503,6 +504,8 @@ def _handler(api: ModelAPI) -> type[BaseHTTPRequestHandler]:
             headers = {"x-request-id": request_id}
             if path == "/v1/messages":
                 headers["request-id"] = request_id
+            if api.response_delay > 0:  # a test kills its client while this request is in flight
+                time.sleep(api.response_delay)
             if fail is not None:
                 self._json(fail, error_body(path, fail, request_id),
                            {**headers, "retry-after": "0", "retry-after-ms": "1"})
