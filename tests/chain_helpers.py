@@ -28,11 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import caravanserai  # noqa: F401
+from caravanserai.calls.http_record import IDENTITY_FIELDS
 from caravanserai.runs import read_events
 
 HEAD = '''
 import json, os, sys, time
 import caravanserai  # noqa: F401
+from caravanserai.calls.http_record import IDENTITY_FIELDS
 from caravanserai.runs import read_events
 BASE = os.environ["MODEL_API"]
 RUN_ID = os.environ["RUN_ID"]
@@ -79,7 +81,7 @@ def _env(base: str, run_id: str, store: str, extra: dict | None) -> dict:
 
 def run_child(script: Path, base: str, run_id: str, store: str, *, python: str = sys.executable,
               pause_after: int = 0, kill_at: str | None = None, env: dict | None = None, timeout: float = 240,
-              in_flight: Callable[[], bool] | None = None) -> Attempt:
+              in_flight: Callable[[], bool] | None = None, settle: float = 0.0) -> Attempt:
     """Run the chain; SIGKILL it when it prints a line starting with ``kill_at`` (e.g. "PAUSED", "CHUNK 5")
     and, if given, once ``in_flight()`` says the server has the request."""
     proc = subprocess.Popen([python, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -91,8 +93,10 @@ def run_child(script: Path, base: str, run_id: str, store: str, *, python: str =
     for line in proc.stdout:
         lines.append(line)
         if kill_at is not None and line.startswith(kill_at):
-            while in_flight is not None and not in_flight() and time.monotonic() < deadline:
-                time.sleep(0.01)
+            if in_flight is not None:
+                while not in_flight() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                time.sleep(settle)  # a stream: let a few of its events out first
             os.kill(proc.pid, signal.SIGKILL)
             killed = True
             break
@@ -117,8 +121,9 @@ def run_child(script: Path, base: str, run_id: str, store: str, *, python: str =
 
 
 def request_keys(api, since: int = 0) -> list[str]:
-    """What the server received (path + canonical body, identity fields and stream flags kept), in order."""
-    return [r["path"] + " " + json.dumps(r["body"], sort_keys=True) for r in api.requests[since:]]
+    """What the server received (path + canonical body without identity-only fields such as ``metadata``), in order."""
+    return [r["path"] + " " + json.dumps({k: v for k, v in r["body"].items() if k not in IDENTITY_FIELDS}, sort_keys=True)
+            for r in api.requests[since:]]
 
 
 def kill_and_resume(tmp_path: Path, api, step: str, *, stream_call: int = 5, python: str = sys.executable,
@@ -153,7 +158,7 @@ def kill_and_resume(tmp_path: Path, api, step: str, *, stream_call: int = 5, pyt
     wanted = after_first + (stream_call - 3) * calls_per_step
     try:
         second = run_child(script, base, "chain", store, python=python, env=env, kill_at=f"CHUNK {stream_call}",
-                           in_flight=lambda: len(api.requests) >= wanted)
+                           in_flight=lambda: len(api.requests) >= wanted, settle=0.6 if streams else 0.0)
     finally:
         api.stream_delay, api.response_delay = old_delays
     after_second = len(api.requests)

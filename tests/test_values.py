@@ -178,17 +178,27 @@ def lookup_traps() -> tuple[types.ModuleType, list[str]]:
 @pytest.mark.parametrize("ref", ["lookup_traps:Missing", "lookup_traps:sub.Reading", "lookup_traps:obj.Inner",
                                  "lookup_traps:obj.Inner.sensor"])
 def test_class_lookup_runs_no_module_getattr_and_no_property(ref, monkeypatch):
-    from caravanserai.runs.openai_client import _from_dict
-
     module, ran = lookup_traps()
     monkeypatch.setitem(sys.modules, "lookup_traps", module)
     entry = {"$t": "dataclass", "class": ref, "v": {"sensor": "s", "at": None, "tags": []}}
     with pytest.raises(ClassNotAllowed) as info:
         values.decode(entry, {"traps": module})
     assert "nothing was called" in str(info.value) and ran == []
-    monkeypatch.setattr(sys.modules["__main__"], "traps", module, raising=False)  # _from_dict's namespace
-    response = _from_dict({"type": ref, "body": {"id": "x"}})
-    assert response.id == "x" and ran == []  # plain attributes; neither the hook nor the property ran
+
+
+def test_sdk_stream_types_resolve_by_default_only_as_pydantic_models_of_imported_modules(monkeypatch):
+    need_module("openai")
+    from openai.types.chat import ChatCompletionChunk
+
+    ref = "openai.types.chat.chat_completion_chunk:ChatCompletionChunk"
+    assert values.resolve_class(ref, {}) is ChatCompletionChunk  # a stream chunk saved by a notebook loop
+    with pytest.raises(ClassNotAllowed):  # a module of an allowed package that is not imported: nothing imports it
+        values.resolve_class("openai.types.not_imported_here:Thing", {})
+    fake = types.ModuleType("openai.types.fake_module")
+    fake.Plain = type("Plain", (), {})  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "openai.types.fake_module", fake)
+    with pytest.raises(ClassNotAllowed):  # not a pydantic model: refused
+        values.resolve_class("openai.types.fake_module:Plain", {})
 
 
 def test_class_lookup_never_imports_a_lazy_submodule(child_env):
@@ -271,17 +281,31 @@ def test_a_forged_pickle_from_a_store_that_is_not_private_is_refused(project):
     assert not marker.exists()
 
 
-def test_a_journaled_response_type_is_built_only_if_allowed(project):
-    from caravanserai.runs.openai_client import _from_dict
-
-    marker = project / "marker"
-    forged = _from_dict({"type": "subprocess:Popen", "body": {"args": ["touch", str(marker)]}})
-    assert not marker.exists() and forged.args == ["touch", str(marker)]  # plain attributes, nothing called
+def test_a_replayed_response_names_no_class_the_sdk_parses_the_recorded_bytes(project):
+    """A forged record that names a class (``subprocess:Popen``) replays as the SDK's own type, built
+    by the SDK from the recorded bytes: nothing named by the journal is imported or called."""
     openai = need_module("openai")
-    body = {"id": "c1", "object": "chat.completion", "created": 1, "model": "m",
-            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}]}
-    rebuilt = _from_dict({"type": "openai.types.chat.chat_completion:ChatCompletion", "body": body})
-    assert isinstance(rebuilt, openai.types.chat.ChatCompletion) and rebuilt.choices[0].message.content == "hi"
+    from servers.model_api import start
+
+    api = start()
+    marker = project / "marker"
+    try:
+        client = openai.OpenAI(base_url=api.url + "/v1", api_key="x", max_retries=0)
+        ask = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "forge"}]}
+        with durable("forged-response") as run:
+            client.chat.completions.create(**ask)
+            run.fail(RuntimeError("stop here"))  # leave the run resumable
+        path = Path(open_store(None).url.removeprefix("file://")) / "forged-response" / "journal.jsonl"
+        events = read_events("forged-response")
+        for event in events:
+            if event["type"] == "call_settled":
+                event["call"]["response"].update(type="subprocess:Popen", args=["touch", str(marker)])
+        rewrite_journal(path, events)
+        with durable("forged-response"):
+            replayed = client.chat.completions.create(**ask)
+        assert isinstance(replayed, openai.types.chat.ChatCompletion) and api.count() == 1 and not marker.exists()
+    finally:
+        api.stop()
 
 
 @pytest.mark.parametrize("entry", [

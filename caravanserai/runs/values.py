@@ -62,6 +62,10 @@ DEFAULT_ALLOWED = frozenset({
     "openai.types.responses.response:Response",
     "anthropic.types.message:Message",
 })
+# Packages whose pydantic models are plain data (SDK response types, stream chunks and events, chat
+# messages): a class of theirs is allowed when its module is already imported, and only if it is a
+# pydantic model. Nothing is imported for them.
+DEFAULT_ALLOWED_PACKAGES = ("openai.types.", "anthropic.types.", "langchain_core.messages.")
 _ALLOWED: dict[str, type] = {}
 _PATHS = {cls.__name__: cls for cls in (PurePath, PurePosixPath, PureWindowsPath, Path, PosixPath)}
 
@@ -440,13 +444,24 @@ def _from_namespace(ref: str, namespace: dict) -> type | None:
 
 def _default(ref: str) -> type | None:
     if ref not in DEFAULT_ALLOWED:
-        return None
+        return _default_package_model(ref)
     module, _, qualname = ref.partition(":")
     try:
         target = sys.modules.get(module) or importlib.import_module(module)
     except ImportError:
         return None
     return _attribute_path(target, qualname)
+
+
+def _default_package_model(ref: str) -> type | None:
+    """A pydantic model of a DEFAULT_ALLOWED_PACKAGES module that is already imported (else None)."""
+    module, _, qualname = ref.partition(":")
+    pydantic = sys.modules.get("pydantic")
+    target = sys.modules.get(module)
+    if pydantic is None or target is None or not module.startswith(DEFAULT_ALLOWED_PACKAGES):
+        return None
+    cls = _attribute_path(target, qualname)
+    return cls if cls is not None and issubclass(cls, pydantic.BaseModel) else None
 
 
 def _attribute_path(obj: Any, qualname: str) -> type | None:

@@ -55,7 +55,7 @@ FRAMEWORKS: dict[str, dict] = {
     },
     "claude": {
         "venv": Path(os.environ.get("CARAVANSERAI_CLAUDE_VENV", REPO / ".venv-claude")),
-        "packages": ["claude-agent-sdk==0.2.189"],
+        "packages": ["claude-agent-sdk==0.2.189", "httpx>=0.27"],  # httpx: the run's journaling proxy (caravanserai[openai])
         "verify": [("claude_agent_sdk", "claude-agent-sdk", "0.2.189")],
         # CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC alone already drops the HEAD /api/hello preflight, the
         # session-title request and the DNS lookups of api.anthropic.com; the others are belt and braces.
