@@ -3,7 +3,7 @@ PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench clean-venv model-server vllm-server
+.PHONY: demo test bench clean-venv model-server vllm-server framework-venvs
 
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -26,8 +26,12 @@ model-server: $(BIN)/.installed
 vllm-server: model-server
 	$(BIN)/python tests/servers/vllm_server.py setup
 
+# CrewAI and the Claude Agent SDK pin what the main venv cannot hold: venvs of their own, built once.
+framework-venvs: $(BIN)/.installed
+	$(BIN)/python tests/servers/framework_venvs.py setup all
+
 # The gates first (lint, types), then every test.
-test: $(BIN)/.installed model-server vllm-server
+test: $(BIN)/.installed model-server vllm-server framework-venvs
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest

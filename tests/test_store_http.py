@@ -545,3 +545,22 @@ def test_run_index_reads_versions_in_one_request(tmp_path, monkeypatch) -> None:
         store.close()
     finally:
         server.stop()
+
+
+def test_the_transport_journal_leaves_the_stores_own_requests_alone():
+    """A run on the HTTP store whose id reads like a model call: its appends are neither journaled
+    nor named as unjournaled model requests (they are the store's own)."""
+    import warnings
+
+    import caravanserai
+
+    store = shared_server("sqlite").client()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with caravanserai.durable("chat-completions-generate", store=store) as run:
+                run.checkpoint({"step": 1}, "one")
+                receipt = run.receipt()
+        assert receipt.unjournaled == [] and receipt.calls == []
+    finally:
+        store.close()

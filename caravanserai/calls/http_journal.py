@@ -248,18 +248,26 @@ def _joined(data: Any) -> bytes:
     return data if isinstance(data, bytes) else b"".join(data)
 
 
-def _keyed(run: Journal, request: Any, body: bytes) -> _Call | None:
-    """The call to journal, or None (not a model request, or one that cannot be keyed: named once)."""
+def _model_request(run: Journal, request: Any) -> bool:
+    """Whether the transport journal takes ``request`` (a model request; one that looks like a
+    model call but is not on the endpoint list is named once). Decided before the body is read."""
     method, path = request.method, request.url.path
-    if not rules.journaled(method, path):
-        if http_record.looks_like_model_call(method, path):
-            _unjournaled(run, f"{method} {path}", "its path is not in the journaled endpoint list "
-                         "(caravanserai.http_journal.configure(endpoints=...) adds it)")
-        return None
+    if request.extensions.get("caravanserai") == "store":  # caravanserai's own HTTP store: never a model call
+        return False
+    if rules.journaled(method, path):
+        return True
+    if http_record.looks_like_model_call(method, path):
+        _unjournaled(run, f"{method} {path}", "its path is not in the journaled endpoint list "
+                     "(caravanserai.http_journal.configure(endpoints=...) adds it)")
+    return False
+
+
+def _keyed(run: Journal, request: Any, body: bytes) -> _Call | None:
+    """The call to journal, or None for a body the journal cannot key (named once)."""
     try:
         return _Call(run, request, body)
     except NotJournalable as exc:
-        _unjournaled(run, f"{method} {path}", str(exc))
+        _unjournaled(run, f"{request.method} {request.url.path}", str(exc))
         return None
 
 
@@ -290,7 +298,7 @@ def _fresh_response(module: Any, request: Any, response: Any, body: bytes) -> An
 
 
 def journal_sync(module: Any, run: Journal, request: Any, send: Callable[[], Any]) -> Any:
-    call = _keyed(run, request, request.read())
+    call = _keyed(run, request, request.read()) if _model_request(run, request) else None
     if call is None:
         return send()
     stored = call.begin()
@@ -310,7 +318,7 @@ def journal_sync(module: Any, run: Journal, request: Any, send: Callable[[], Any
 
 
 async def journal_async(module: Any, run: Journal, request: Any, send: Callable[[], Awaitable[Any]]) -> Any:
-    call = _keyed(run, request, await request.aread())
+    call = _keyed(run, request, await request.aread()) if _model_request(run, request) else None
     if call is None:
         return await send()
     stored = call.begin()

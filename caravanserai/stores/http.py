@@ -246,7 +246,8 @@ class HttpStore(Store):
                 _sleep(self.backoff * (2 ** (attempt - 1)) * (0.5 + random.random() / 2))
             try:
                 response = self._client.request(method, self.url + path if path.startswith("/") else self._api + path,
-                                                json=json, content=content, params=params, headers=headers)
+                                                json=json, content=content, params=params, headers=headers,
+                                                extensions={"caravanserai": "store"})  # the transport journal skips it
             except httpx.TransportError as exc:
                 problem = f"{type(exc).__name__}: {str(exc) or 'no detail'}".replace("\n", " ")
                 continue
