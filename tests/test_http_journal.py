@@ -413,3 +413,35 @@ def test_the_proxy_command_journals_a_command_line_and_replays_it(api, store, tm
     bad = subprocess.run([sys.executable, "-m", "caravanserai", "proxy", "x", "ftp://nope", "--store", store],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "http(s) URL" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_gzip_answers_are_recorded_decoded_and_replayed(api, store):
+    api.gzip = True
+    client = oai(api)
+
+    def body(run):
+        plain = client.chat.completions.create(model=MODEL, messages=msgs("zipped")).choices[0].message.content
+        streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+            model=MODEL, messages=msgs("zipped stream"), stream=True) if c.choices)
+        return plain, streamed
+
+    first, again = twice(store, body)
+    assert first == again and api.count() == 2
+    assert all("gzip" in r["headers"].get("accept-encoding", "") for r in api.requests)  # so the server did gzip
+    recorded = [e["call"]["response"] for e in read_events("twice", store) if e["type"] == "call_settled"]
+    assert json.loads(recorded[0]["body"])["object"] == "chat.completion"  # decoded, not gzip bytes
+    assert recorded[1]["events"][0].startswith("data: {") and recorded[1]["text"] == first[1]
+
+
+def test_an_error_event_inside_a_stream_is_a_failed_call_sent_again_on_resume(api, store):
+    api.stream_error = True
+    client = ant(api)
+    for _ in range(2):
+        with pytest.raises(anthropic.APIStatusError, match="Overloaded"):
+            with caravanserai.durable("stream-error", store=store):
+                with client.messages.stream(model="claude-3-5-haiku-latest", max_tokens=32, messages=msgs("x")) as s:
+                    s.get_final_message()
+    events = read_events("stream-error", store)
+    failed = [e for e in events if e["type"] == "call_failed"]
+    assert [e["code"] for e in failed] == ["stream_error", "stream_error"] and api.count() == 2
+    assert not [e for e in events if e["type"] == "call_settled"]

@@ -41,13 +41,12 @@ __all__ = ["UnjournaledCallWarning", "bind", "bound_run", "configure", "install"
            "unbind", "wrap_transport"]
 
 _INSTALL_LOCK = threading.Lock()
+_PATCHED: dict[str, Any] = {}  # module name -> the module, once its transports are patched
+_LOOKED_FOR: set[str] = set()  # modules install() has looked for (found or not): looked for once
 
 
 class UnjournaledCallWarning(UserWarning):
     """A model request inside a run went out unjournaled (named once per run; a resume pays it again)."""
-
-
-_PATCHED: dict[str, Any] = {}  # module name -> the module, once its transports are patched
 
 
 def configure(*, enabled: bool | None = None, endpoints: tuple[str, ...] | list[str] | None = None,
@@ -91,12 +90,15 @@ def install() -> list[str]:
     """Patch the transports of httpx and httpx2 (those installed), once; returns the modules patched."""
     if os.environ.get("CARAVANSERAI_HTTP_JOURNAL", "").strip().lower() in ("0", "off", "false", "no"):
         rules.enabled = False
+    if len(_LOOKED_FOR) == 2:
+        return installed_modules()
     with _INSTALL_LOCK:
         for name in ("httpx", "httpx2"):
-            if name not in _PATCHED and importlib.util.find_spec(name) is not None:
+            if name not in _LOOKED_FOR and importlib.util.find_spec(name) is not None:
                 module = importlib.import_module(name)
                 _patch(module)
                 _PATCHED[name] = module
+            _LOOKED_FOR.add(name)
     return installed_modules()
 
 
@@ -194,7 +196,7 @@ class _Call:
         if not 200 <= self.status < 300:
             self.fail_status(body)
             return
-        stored = http_record.record(self.status, self.headers, body=body, model=self.model)
+        stored = http_record.record(self.status, self.headers, body=body)
         self._settle(stored)
 
     def feed(self, chunk: bytes) -> None:
@@ -208,8 +210,8 @@ class _Call:
             if end == "done":
                 self._settle_stream()
                 return
-            if end == "error":
-                self.fail_status(event)
+            if end == "error":  # the stream itself says the call failed (an `error` event in a 200 stream)
+                self.fail_status(event, code="stream_error")
                 return
 
     def finish(self) -> None:
@@ -223,7 +225,7 @@ class _Call:
             self._settle_stream()
 
     def _settle_stream(self) -> None:
-        self._settle(http_record.record(self.status, self.headers, events=self.events, model=self.model))
+        self._settle(http_record.record(self.status, self.headers, events=self.events))
 
     def _settle(self, stored: dict) -> None:
         self.ended = True
@@ -231,10 +233,10 @@ class _Call:
         with getattr(self.run, "lock", nullcontext()):
             settle_call(self.run, self.pending, stored, http_record.usage_of(stored))
 
-    def fail_status(self, body: bytes) -> None:
+    def fail_status(self, body: bytes, code: str | None = None) -> None:
         self.ended = True
         assert self.pending is not None
-        failed_call(self.run, self.pending, {"code": f"http_{self.status}",
+        failed_call(self.run, self.pending, {"code": code or f"http_{self.status}",
                                              "message": body[:500].decode("utf-8", "replace")})
 
     def fail(self, exc: BaseException) -> None:

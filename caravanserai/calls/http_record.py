@@ -161,8 +161,7 @@ def _text(data: bytes) -> tuple[str, bool]:
         return base64.b64encode(data).decode("ascii"), True
 
 
-def record(status: int, headers: Mapping[str, str], *, body: bytes | None = None, events: Iterable[bytes] = (),
-           model: str = "") -> dict:
+def record(status: int, headers: Mapping[str, str], *, body: bytes | None = None, events: Iterable[bytes] = ()) -> dict:
     """The journal record of a settled response: replayable bytes plus what a person reads."""
     kept = {name: headers[name] for name in REPLAY_HEADERS if name in headers}
     out: dict[str, Any] = {"http": 1, "status": status, "content_type": headers.get("content-type", ""),

@@ -25,6 +25,7 @@ import socket
 import struct
 import threading
 import time
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -352,6 +353,8 @@ class ModelAPI:
     def __init__(self, port: int = 0, stream_delay: float = 0.0) -> None:
         self.stream_delay = stream_delay
         self.response_delay = 0.0  # seconds before any answer is written (a request in flight)
+        self.gzip = False  # compress answers for clients that accept gzip
+        self.stream_error = False  # end every stream with an `error` event after three events
         self.requests: list[dict] = []
         self._lock = threading.Lock()
         self._fail: tuple[int, int] = (0, 0)           # (status, times left)
@@ -437,6 +440,9 @@ def _handler(api: ModelAPI) -> type[BaseHTTPRequestHandler]:
         def _json(self, status: int, data: Any, headers: dict[str, str] | None = None) -> None:
             raw = json.dumps(data).encode()
             self.send_response(status)
+            if api.gzip and "gzip" in self.headers.get("accept-encoding", ""):
+                raw = zlib.compress(raw, wbits=31)  # gzip, as a real API behind a CDN answers
+                self.send_header("content-encoding", "gzip")
             for name, value in {"content-type": "application/json", **(headers or {})}.items():
                 self.send_header(name, value)
             self.send_header("content-length", str(len(raw)))
@@ -448,13 +454,22 @@ def _handler(api: ModelAPI) -> type[BaseHTTPRequestHandler]:
             for name, value in {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache",
                                 "transfer-encoding": "chunked", **headers}.items():
                 self.send_header(name, value)
+            gzip = api.gzip and "gzip" in self.headers.get("accept-encoding", "")
+            if gzip:
+                self.send_header("content-encoding", "gzip")
             self.end_headers()
+            packer = zlib.compressobj(wbits=31)
+            if api.stream_error:  # the provider gives up mid-stream (Anthropic: an `error` event in a 200 stream)
+                events = [*events[:3], ("error", {"type": "error", "error": {"type": "overloaded_error",
+                                                                             "message": "Overloaded"}})]
             try:
                 for i, (event, data) in enumerate(events):
                     if i and api.stream_delay > 0:
                         time.sleep(api.stream_delay)
                     text = data if isinstance(data, str) else json.dumps(data)
                     raw = ((f"event: {event}\n" if event else "") + f"data: {text}\n\n").encode()
+                    if gzip:  # one gzip stream, flushed at every event
+                        raw = packer.compress(raw) + packer.flush(zlib.Z_SYNC_FLUSH if i < len(events) - 1 else zlib.Z_FINISH)
                     self.wfile.write(b"%x\r\n%s\r\n" % (len(raw), raw))
                 self.wfile.write(b"0\r\n\r\n")
             except ConnectionError:
