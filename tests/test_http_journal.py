@@ -445,3 +445,33 @@ def test_an_error_event_inside_a_stream_is_a_failed_call_sent_again_on_resume(ap
     failed = [e for e in events if e["type"] == "call_failed"]
     assert [e["code"] for e in failed] == ["stream_error", "stream_error"] and api.count() == 2
     assert not [e for e in events if e["type"] == "call_settled"]
+
+
+REAL_MODEL_STEP = '''
+import openai
+client = openai.OpenAI(base_url=BASE + "/v1", api_key="x", max_retries=0)
+MODEL = os.environ["REAL_MODEL"]
+def step(i, prev):
+    question = [{"role": "user", "content": f"Step {i}. Continue in five words: {prev[-60:]}"}]
+    if i in (2, 5):
+        out = []
+        for c in client.chat.completions.create(model=MODEL, messages=question, max_tokens=24, temperature=0, stream=True,
+                                                stream_options={"include_usage": True}):
+            chunk(i)
+            if c.choices:
+                out.append(c.choices[0].delta.content or "")
+        return "".join(out)
+    if i == 3:
+        return client.completions.create(model=MODEL, prompt=question[0]["content"], max_tokens=24, temperature=0).choices[0].text
+    return client.chat.completions.create(model=MODEL, messages=question, max_tokens=24, temperature=0).choices[0].message.content
+'''
+
+
+@pytest.mark.slow
+def test_a_chain_on_the_real_local_model_killed_between_calls_and_mid_stream(tmp_path, model_server):
+    """The same proof on SmolLM2 behind `transformers serve` (greedy decoding), counted in front of it."""
+    real = start(upstream=model_server.url)
+    try:
+        kill_and_resume(tmp_path, real, REAL_MODEL_STEP, env={"REAL_MODEL": model_server.model})
+    finally:
+        real.stop()

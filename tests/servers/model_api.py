@@ -19,12 +19,14 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
+import http.client
 import json
 import re
 import socket
 import struct
 import threading
 import time
+import urllib.parse
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -355,6 +357,7 @@ class ModelAPI:
         self.response_delay = 0.0  # seconds before any answer is written (a request in flight)
         self.gzip = False  # compress answers for clients that accept gzip
         self.stream_error = False  # end every stream with an `error` event after three events
+        self.upstream = ""  # a real server's base URL: answers come from it (counted and paced here)
         self.requests: list[dict] = []
         self._lock = threading.Lock()
         self._fail: tuple[int, int] = (0, 0)           # (status, times left)
@@ -475,6 +478,38 @@ def _handler(api: ModelAPI) -> type[BaseHTTPRequestHandler]:
             except ConnectionError:
                 self.close_connection = True
 
+        def _relay(self, body: dict) -> None:
+            """Counted, then answered by a real upstream server; its SSE events passed on one by one."""
+            target = urllib.parse.urlsplit(api.upstream)
+            conn = http.client.HTTPConnection(target.hostname, target.port, timeout=600)
+            conn.request("POST", self.path, json.dumps(body).encode(), {"content-type": "application/json"})
+            answer = conn.getresponse()
+            stream = answer.getheader("content-type", "").startswith("text/event-stream")
+            self.send_response(answer.status)
+            self.send_header("content-type", answer.getheader("content-type", "application/json"))
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            try:
+                pending = b""
+                while True:
+                    line = answer.readline() if stream else answer.read()
+                    pending += line
+                    if stream and line not in (b"\n", b"\r\n", b""):
+                        continue
+                    if pending:
+                        if stream and api.stream_delay > 0:
+                            time.sleep(api.stream_delay)
+                        self.wfile.write(b"%x\r\n%s\r\n" % (len(pending), pending))
+                        self.wfile.flush()
+                        pending = b""
+                    if not line or not stream:
+                        break
+                self.wfile.write(b"0\r\n\r\n")
+            except ConnectionError:
+                self.close_connection = True
+            finally:
+                conn.close()
+
         def _body(self) -> Any:
             length = int(self.headers.get("content-length") or 0)
             raw = self.rfile.read(length) if length else b""
@@ -528,6 +563,9 @@ def _handler(api: ModelAPI) -> type[BaseHTTPRequestHandler]:
             if path == "/v1/embeddings":
                 self._json(200, embeddings(body), headers)
                 return
+            if api.upstream:
+                self._relay(body)
+                return
             plain, events = MODEL_PATHS[path](body, Answer(body))  # type: ignore[misc]
             if body.get("stream"):
                 self._sse(events, headers)
@@ -537,9 +575,12 @@ def _handler(api: ModelAPI) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def start(port: int = 0, stream_delay: float = 0.0) -> ModelAPI:
-    """Start the server on 127.0.0.1 (a free port by default), in a daemon thread."""
-    return ModelAPI(port, stream_delay)
+def start(port: int = 0, stream_delay: float = 0.0, upstream: str = "") -> ModelAPI:
+    """Start the server on 127.0.0.1 (a free port by default), in a daemon thread; with ``upstream``
+    (a real server's base URL, no /v1) it counts and paces requests that the real server answers."""
+    api = ModelAPI(port, stream_delay)
+    api.upstream = upstream
+    return api
 
 
 def main() -> None:
