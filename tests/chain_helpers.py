@@ -2,7 +2,8 @@
 
 Every framework test supplies ``STEP``: Python source defining ``step(i, prev) -> str`` (call
 number ``i`` from 1 to 6, ``prev`` the answer of the call before) with ``BASE`` (the counting
-server's URL), ``chunk(i)`` (call it at a stream's first chunk) in scope. ``kill_and_resume``
+server's URL), ``chunk(i)`` (call it at a stream's first chunk) and ``streamed(i, stream)`` (the
+text of an openai chat stream) in scope. ``kill_and_resume``
 then proves the promise on a real counting server:
 
 1. an uninterrupted run of the chain under another run id gives the expected answers;
@@ -46,6 +47,14 @@ def chunk(i):
     if not getattr(chunk, "seen", None) == i:
         chunk.seen = i
         say("CHUNK", i)
+def streamed(i, stream):
+    """The text of an openai chat stream (chunk(i) at its first chunk)."""
+    out = []
+    for piece in stream:
+        chunk(i)
+        if piece.choices:
+            out.append(piece.choices[0].delta.content or "")
+    return "".join(out)
 '''
 
 TAIL = '''

@@ -140,6 +140,15 @@ def need_kernel_packages() -> None:
 
 
 @pytest.fixture
+def api():
+    """The counting model API server (tests/servers/model_api.py) in a thread, fresh for each test."""
+    from servers.model_api import start
+
+    with start() as server:
+        yield server
+
+
+@pytest.fixture
 def proxy(model_server):
     """A CountingProxy in front of the local model server: records what the server really received."""
     from servers.counting_proxy import CountingProxy

@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 from chain_helpers import kill_and_resume
 from conftest import need_module
-from servers.model_api import start
 
 pytestmark = pytest.mark.slow
 
@@ -62,11 +61,6 @@ def step(i, prev):
 '''
 
 
-@pytest.fixture
-def api():
-    server = start()
-    yield server
-    server.stop()
 
 
 def test_pydantic_ai_agents_never_pay_twice(tmp_path, api):

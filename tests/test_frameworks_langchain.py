@@ -11,7 +11,6 @@ from __future__ import annotations
 import pytest
 from chain_helpers import kill_and_resume
 from conftest import need_module
-from servers.model_api import start
 
 need_module("langchain_openai", whole_module=True)
 need_module("langgraph", whole_module=True)
@@ -63,11 +62,6 @@ def step(i, prev):
 '''
 
 
-@pytest.fixture
-def api():
-    server = start()
-    yield server
-    server.stop()
 
 
 def test_langchain_chat_openai_never_pays_twice(tmp_path, api):

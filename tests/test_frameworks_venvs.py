@@ -12,7 +12,6 @@ import pytest
 from chain_helpers import kill_and_resume
 from conftest import need
 from servers.framework_venvs import framework_env, venv_python
-from servers.model_api import start
 
 pytestmark = pytest.mark.slow
 
@@ -48,11 +47,6 @@ def step(i, prev):
 '''
 
 
-@pytest.fixture
-def api():
-    server = start()
-    yield server
-    server.stop()
 
 
 def _python(name: str) -> str:

@@ -34,11 +34,6 @@ anthropic = need_module("anthropic", whole_module=True)
 MODEL = "gpt-4o-mini"  # priced in caravanserai.calls.pricing: receipts carry inferred USD
 
 
-@pytest.fixture
-def api():
-    server = start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture
@@ -354,13 +349,8 @@ client = openai.OpenAI(base_url=BASE + "/v1", api_key="x", max_retries=0)
 def step(i, prev):
     question = [{"role": "user", "content": f"step {i}: {prev}"}]
     if i in (2, 5):  # streamed calls
-        out = []
-        for c in client.chat.completions.create(model="gpt-4o-mini", messages=question, stream=True,
-                                                stream_options={"include_usage": True}):
-            chunk(i)
-            if c.choices:
-                out.append(c.choices[0].delta.content or "")
-        return "".join(out)
+        return streamed(i, client.chat.completions.create(model="gpt-4o-mini", messages=question, stream=True,
+                                                          stream_options={"include_usage": True}))
     if i == 3:
         return client.responses.create(model="gpt-4o-mini", input=f"step {i}: {prev}").output_text
     if i == 4:
@@ -454,13 +444,8 @@ MODEL = os.environ["REAL_MODEL"]
 def step(i, prev):
     question = [{"role": "user", "content": f"Step {i}. Continue in five words: {prev[-60:]}"}]
     if i in (2, 5):
-        out = []
-        for c in client.chat.completions.create(model=MODEL, messages=question, max_tokens=24, temperature=0, stream=True,
-                                                stream_options={"include_usage": True}):
-            chunk(i)
-            if c.choices:
-                out.append(c.choices[0].delta.content or "")
-        return "".join(out)
+        return streamed(i, client.chat.completions.create(model=MODEL, messages=question, max_tokens=24, temperature=0,
+                                                          stream=True, stream_options={"include_usage": True}))
     if i == 3:
         return client.completions.create(model=MODEL, prompt=question[0]["content"], max_tokens=24, temperature=0).choices[0].text
     return client.chat.completions.create(model=MODEL, messages=question, max_tokens=24, temperature=0).choices[0].message.content

@@ -35,10 +35,6 @@ TOOL = {"name": "get_weather", "description": "Weather in a city",
 CALL = [{"role": "user", "content": "CALL_TOOL for Paris"}]
 
 
-@pytest.fixture
-def api():
-    with start() as server:
-        yield server
 
 
 @pytest.fixture

@@ -35,6 +35,7 @@ from typing import Any
 from . import http_record
 from .http_record import NotJournalable, Rules, SseSplitter, rules
 from .journaled import Journal, fail_call, failed_call, settle_call, start_call
+from .models import Usage
 from .scope import PAUSED, RUN, bound_run, paused
 
 __all__ = ["UnjournaledCallWarning", "bind", "bound_run", "configure", "install", "installed_modules", "paused", "rules",
@@ -165,6 +166,7 @@ class _Call:
         self.path = request.url.path
         self.method = request.method
         self.keyed, self.body = http_record.request_key(self.method, self.path, body, request.headers)
+        self.prompt_estimate = http_record.prompt_estimate(body)
         self.model = str(self.body.get("model") or "")
         self.pending: dict | None = None
         self.splitter = SseSplitter()
@@ -179,7 +181,7 @@ class _Call:
         with getattr(self.run, "lock", nullcontext()):
             replayed, self.pending = start_call(
                 self.run, path=f"{self.method} {self.path}", kind="model", provider=http_record.provider_of(self.path),
-                model=self.model, request=self.keyed, prompt_estimate=http_record.prompt_estimate(self.body),
+                model=self.model, request=self.keyed, prompt_estimate=self.prompt_estimate,
                 max_tokens=http_record.max_output_tokens(self.body))
         return replayed
 
@@ -196,8 +198,7 @@ class _Call:
         if not 200 <= self.status < 300:
             self.fail_status(body)
             return
-        stored = http_record.record(self.status, self.headers, body=body)
-        self._settle(stored)
+        self._settle(*http_record.record(self.status, self.headers, body=body))
 
     def feed(self, chunk: bytes) -> None:
         """A stream chunk as it passes: settle before the chunk holding the final event is handed on."""
@@ -225,13 +226,13 @@ class _Call:
             self._settle_stream()
 
     def _settle_stream(self) -> None:
-        self._settle(http_record.record(self.status, self.headers, events=self.events))
+        self._settle(*http_record.record(self.status, self.headers, events=self.events))
 
-    def _settle(self, stored: dict) -> None:
+    def _settle(self, stored: dict, usage: Usage) -> None:
         self.ended = True
         assert self.pending is not None
         with getattr(self.run, "lock", nullcontext()):
-            settle_call(self.run, self.pending, stored, http_record.usage_of(stored))
+            settle_call(self.run, self.pending, stored, usage)
 
     def fail_status(self, body: bytes, code: str | None = None) -> None:
         self.ended = True

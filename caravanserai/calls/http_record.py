@@ -18,7 +18,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..journal import canonical
 from .models import Usage
 
 __all__ = ["ENDPOINTS", "IDENTITY_FIELDS", "MEANING_HEADERS", "Rules", "SseSplitter", "decode_body", "looks_like_model_call",
@@ -78,11 +77,10 @@ def provider_of(path: str) -> str:
     return "anthropic" if path.rstrip("/").endswith("/messages") else "openai"
 
 
-def prompt_estimate(body: dict) -> int:
-    """Tokens the request may cost before any answer (about 4 characters a token), for budgets."""
-    content = body.get("messages") or body.get("input") or body.get("prompt") or ""
-    system = body.get("system") or ""
-    return (len(canonical(content)) + len(canonical(system))) // 4
+def prompt_estimate(body: bytes) -> int:
+    """Tokens the request may cost before any answer, for budgets: about 4 bytes of its JSON body a token
+    (an overestimate by the body's keys and settings, which a budget check can afford)."""
+    return len(body) // 4
 
 
 def max_output_tokens(body: dict) -> int | None:
@@ -136,7 +134,7 @@ def stream_end(event: bytes) -> str | None:
         return "done"
     if name in _ERROR_EVENTS:
         return "error"
-    if not name and data.startswith("{"):  # unnamed events: the type is in the data (Responses, Anthropic)
+    if not name and data.startswith('{"type"'):  # unnamed Responses/Anthropic events: the type leads the data
         kind = _json(data).get("type")
         if kind in _TERMINAL_EVENTS:
             return "done"
@@ -161,8 +159,9 @@ def _text(data: bytes) -> tuple[str, bool]:
         return base64.b64encode(data).decode("ascii"), True
 
 
-def record(status: int, headers: Mapping[str, str], *, body: bytes | None = None, events: Iterable[bytes] = ()) -> dict:
-    """The journal record of a settled response: replayable bytes plus what a person reads."""
+def record(status: int, headers: Mapping[str, str], *, body: bytes | None = None,
+           events: Iterable[bytes] = ()) -> tuple[dict, Usage]:
+    """The journal record of a settled response (replayable bytes plus what a person reads) and its usage."""
     kept = {name: headers[name] for name in REPLAY_HEADERS if name in headers}
     out: dict[str, Any] = {"http": 1, "status": status, "content_type": headers.get("content-type", ""),
                            "request_id": headers.get("x-request-id") or headers.get("request-id") or "", "headers": kept}
@@ -179,10 +178,11 @@ def record(status: int, headers: Mapping[str, str], *, body: bytes | None = None
         out["body_b64" if b64 else "body"] = text
         joined = body
     out["sha256"] = hashlib.sha256(joined).hexdigest()
-    said = answer_text(out)
+    objects = decode_body(out)  # decoded once, for the words and the usage
+    said = answer_text(objects)
     if said:
         out["text"] = said[:2000]
-    return out
+    return out, usage_of(objects)
 
 
 def replay_chunks(stored: dict) -> list[bytes]:
@@ -210,10 +210,11 @@ def decode_body(stored: dict) -> list[dict]:
     return out
 
 
-def usage_of(stored: dict) -> Usage:
-    """Token usage of a recorded response: chat/completions/embeddings, Responses, Anthropic; plain or streamed."""
+def usage_of(objects: list[dict]) -> Usage:
+    """Token usage of a response's JSON objects (``decode_body``): chat/completions/embeddings, Responses,
+    Anthropic; plain or streamed."""
     prompt = completion = cached = 0
-    for obj in decode_body(stored):
+    for obj in objects:
         kind = obj.get("type")
         usage = obj.get("usage")
         if kind in ("response.completed", "response.incomplete", "response.failed"):
@@ -242,10 +243,10 @@ def usage_of(stored: dict) -> Usage:
     return Usage(prompt, completion, min(cached, prompt))
 
 
-def answer_text(stored: dict) -> str:
-    """The model's words in a record (for the trail a person reads); empty for embeddings."""
+def answer_text(objects: list[dict]) -> str:
+    """The model's words in a response's JSON objects (for the trail a person reads); empty for embeddings."""
     parts: list[str] = []
-    for obj in decode_body(stored):
+    for obj in objects:
         kind = obj.get("type")
         for choice in obj.get("choices") or ():
             if isinstance(choice, dict):

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import os
 import signal
 import socket
 import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -28,3 +33,15 @@ def stop_process_group(proc: subprocess.Popen, grace: float = 10) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(5)
+
+
+@contextlib.contextmanager
+def build_lock(path: Path, kind: str) -> Iterator[None]:
+    """Serialise the build of one venv or model folder across processes (parallel test workers)."""
+    key = hashlib.sha256(str(Path(path).resolve()).encode()).hexdigest()[:16]
+    with open(Path(tempfile.gettempdir()) / f"caravanserai-{kind}-{key}.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

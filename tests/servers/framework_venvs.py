@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -33,6 +32,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+try:  # imported as servers.framework_venvs (tests) or run as a script (sys.path[0] == tests/servers)
+    from ._proc import build_lock
+except ImportError:
+    from _proc import build_lock  # type: ignore[no-redef]
 
 REPO = Path(__file__).resolve().parents[2]
 SPEC_VERSION = 1
@@ -104,16 +108,6 @@ def _run(cmd: list, **kw) -> None:
     subprocess.run([str(c) for c in cmd], check=True, **kw)
 
 
-@contextlib.contextmanager
-def _locked(path: Path):
-    """Serialise builds of one venv across processes (e.g. pytest-xdist workers)."""
-    key = hashlib.sha256(str(Path(path).resolve()).encode()).hexdigest()[:16]
-    with open(Path(tempfile.gettempdir()) / f"caravanserai-fwvenv-{key}.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _env_spec(name: str) -> dict:
@@ -155,7 +149,7 @@ def ensure_venv(name: str) -> Path:
     stamp = d / ".framework-venv-stamp.json"
     if _stamp_state(py, stamp, name) == "ok":
         return py
-    with _locked(d):
+    with build_lock(d, "fwvenv"):
         state = _stamp_state(py, stamp, name)
         if state == "ok":
             return py

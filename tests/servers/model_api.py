@@ -420,6 +420,7 @@ class ModelAPI:
 def _handler(api: ModelAPI) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # headers and body go out in two writes: no wait for a delayed ACK
 
         def setup(self) -> None:
             super().setup()

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -39,9 +37,9 @@ import urllib.request
 from pathlib import Path
 
 try:  # imported as servers.model_server (tests) or run as a script (sys.path[0] == tests/servers)
-    from ._proc import free_port, stop_process_group
+    from ._proc import build_lock, free_port, stop_process_group
 except ImportError:
-    from _proc import free_port, stop_process_group  # type: ignore[no-redef]
+    from _proc import build_lock, free_port, stop_process_group  # type: ignore[no-redef]
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_VENV = Path(os.environ.get("CARAVANSERAI_MODEL_VENV", REPO / ".venv-model"))
@@ -106,16 +104,6 @@ def _ignore_in_git(directory: Path) -> None:
         gi.write_text("# created by tests/servers/model_server.py\n*\n")
 
 
-@contextlib.contextmanager
-def _locked(path: Path):
-    """Serialise builds of one venv/model folder across processes (e.g. pytest-xdist workers)."""
-    key = hashlib.sha256(str(Path(path).resolve()).encode()).hexdigest()[:16]
-    with open(Path(tempfile.gettempdir()) / f"caravanserai-model-{key}.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _stamp_matches(stamp: Path, spec: dict, key: str | None = None) -> bool:
@@ -158,7 +146,7 @@ def ensure_env(venv_dir: Path | str = DEFAULT_VENV) -> Path:
     spec = _env_spec()
     if py.exists() and _stamp_matches(stamp, spec):
         return py
-    with _locked(venv_dir):
+    with build_lock(venv_dir, "model"):
         if py.exists() and _stamp_matches(stamp, spec):
             return py
         return _build_env(venv_dir, py, stamp, spec)
@@ -245,7 +233,7 @@ def ensure_model(model_dir: Path | str = DEFAULT_MODEL_DIR, venv_dir: Path | str
     spec = {"v": MODEL_SPEC_VERSION, "gguf": f"{gguf.name}:{gguf.stat().st_size}", "dtype": MODEL_DTYPE, "env": _env_spec()}
     if _stamp_matches(stamp, spec, "spec"):
         return model_dir
-    with _locked(model_dir):
+    with build_lock(model_dir, "model"):
         if _stamp_matches(stamp, spec, "spec"):
             return model_dir
         return _convert(model_dir, py, spec)

@@ -83,7 +83,7 @@ def ensure_env(venv_dir: Path | str = DEFAULT_VENV) -> Path:
     py = ms._venv_python(venv_dir)
     if is_built(venv_dir):
         return py
-    with ms._locked(venv_dir):
+    with ms.build_lock(venv_dir, "model"):
         if is_built(venv_dir):
             return py
         return _build_env(venv_dir, py)
