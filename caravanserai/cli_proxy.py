@@ -1,10 +1,11 @@
 """``caravanserai proxy RUN UPSTREAM [-- COMMAND ...]``: a journaling proxy for a command line.
 
 Opens run RUN (a new one, or a resume of it) and serves ``run.proxy_url(UPSTREAM)`` on loopback.
-With a command, runs it with ``OPENAI_BASE_URL``, ``ANTHROPIC_BASE_URL`` and
-``CARAVANSERAI_PROXY_URL`` set to the proxy's URL, so its model requests (any language, any
-client: the Claude Code CLI, a Node script) are journaled and a re-run with the same RUN replays
-the settled ones; the command's exit status is the proxy's. Without one, it prints the URL and
+With a command, runs it with ``CARAVANSERAI_PROXY_URL`` and the SDKs' base-URL variable for that
+upstream (``ANTHROPIC_BASE_URL`` for an Anthropic host, else ``OPENAI_BASE_URL``; ``--env NAME``
+names another) set to the proxy's URL, so its model requests (any language, any client: the
+Claude Code CLI, a Node script) are journaled and a re-run with the same RUN replays the settled
+ones; the command's exit status is the proxy's. Without one, it prints the URL and
 serves until Ctrl-C (the run stays resumable).
 """
 
@@ -21,7 +22,6 @@ from .errors import UsageError
 
 __all__ = ["add_proxy_command"]
 
-PROXY_ENV = ("OPENAI_BASE_URL", "ANTHROPIC_BASE_URL", "CARAVANSERAI_PROXY_URL")
 
 
 class CommandFailed(SystemExit):
@@ -40,7 +40,8 @@ def cmd_proxy(args: argparse.Namespace) -> int:
         if not command:
             print(url, flush=True)
             threading.Event().wait()  # until Ctrl-C: KeyboardInterrupt leaves the run pending
-        env = {**os.environ, **{name: url for name in PROXY_ENV}}
+        names = args.env or ["ANTHROPIC_BASE_URL" if "anthropic" in args.upstream.lower() else "OPENAI_BASE_URL"]
+        env = {**os.environ, "CARAVANSERAI_PROXY_URL": url, **{name: url for name in names}}
         returncode = subprocess.call(command, env=env)
         if returncode != 0:
             raise CommandFailed(returncode)
@@ -54,7 +55,10 @@ def add_proxy_command(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("run_id", metavar="RUN")
     p.add_argument("upstream", metavar="UPSTREAM", help="the model API the proxy stands for, e.g. https://api.anthropic.com")
     p.add_argument("program", nargs="*", metavar="-- COMMAND",
-                   help="run this with OPENAI_BASE_URL / ANTHROPIC_BASE_URL set to the proxy (default: serve until Ctrl-C)")
+                   help="run this with its base-URL variable set to the proxy (default: serve until Ctrl-C)")
+    p.add_argument("--env", action="append", metavar="NAME",
+                   help="the variable(s) to set to the proxy's URL (default: ANTHROPIC_BASE_URL for an Anthropic "
+                        "upstream, else OPENAI_BASE_URL); CARAVANSERAI_PROXY_URL is always set")
     p.set_defaults(func=cmd_proxy)
 
 

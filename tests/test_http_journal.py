@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import urllib.parse
 import urllib.request
 import warnings
 
@@ -460,3 +461,96 @@ def test_a_chain_on_the_real_local_model_killed_between_calls_and_mid_stream(tmp
         kill_and_resume(tmp_path, real, REAL_MODEL_STEP, env={"REAL_MODEL": model_server.model})
     finally:
         real.stop()
+
+
+# ---- what the review of the transport journal found ------------------------------------------------------------------
+
+def test_calls_from_worker_threads_of_the_only_open_run_are_journaled(api, store):
+    from concurrent.futures import ThreadPoolExecutor
+
+    client = oai(api)
+
+    def ask(n):
+        return client.chat.completions.create(model=MODEL, messages=msgs(f"thread {n}")).choices[0].message.content
+
+    def body(run):
+        with ThreadPoolExecutor(3) as pool:  # its threads do not copy the run's context
+            return sorted(pool.map(ask, range(3)))
+
+    first, again = twice(store, body)
+    assert first == again and api.count() == 3
+
+
+def test_identical_requests_replay_in_the_order_they_were_started_not_settled():
+    from caravanserai.calls.ledger import Ledger
+
+    def settled(n):
+        return {"type": "call_settled", "path": "POST /v1/chat/completions",
+                "call": {"call_id": f"POST /v1/chat/completions#{n}", "request_sha256": "k", "usage": {},
+                         "estimated_usd": None, "price_per_million": None, "response": {"answer": n}}}
+
+    events = [{"type": "run_started"}, {"type": "call_started", "call_id": "POST /v1/chat/completions#1"},
+              {"type": "call_started", "call_id": "POST /v1/chat/completions#2"}, settled(2), settled(1)]
+    ledger = Ledger("r", events, 2)
+    assert [ledger.replay_model("POST /v1/chat/completions", "k")["call"]["response"]["answer"] for _ in range(2)] == [1, 2]
+
+
+def test_a_stream_read_after_its_run_closed_is_named_not_broken(api, store):
+    with caravanserai.durable("late", store=store):
+        stream = oai(api).chat.completions.create(model=MODEL, messages=msgs("late"), stream=True)
+    with pytest.warns(UnjournaledCallWarning, match="could not be journaled"):
+        text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text and api.count() == 1
+
+
+def test_a_timed_out_request_that_reached_the_server_stays_unsettled(api, store):
+    api.response_delay = 1.0
+    client = openai.OpenAI(base_url=api.url + "/v1", api_key="x", max_retries=0, timeout=0.3)
+    with pytest.raises(openai.APITimeoutError):
+        with caravanserai.durable("timeout", store=store):
+            client.chat.completions.create(model=MODEL, messages=msgs("slow"))
+    api.response_delay = 0.0
+    with caravanserai.durable("timeout", store=store) as run:
+        client.chat.completions.create(model=MODEL, messages=msgs("slow"))
+        resume = run.receipt().resume
+    assert resume.possible_double_count_calls == 1 and api.count() == 2  # it may have been billed: said so
+    assert not [e for e in read_events("timeout", store) if e["type"] == "call_failed"]
+
+
+def test_a_stream_cut_before_its_final_event_stays_unsettled(api, store):
+    api.truncate_stream = 3  # a clean end of the connection, but no finish_reason and no [DONE]
+    client = oai(api)
+    for _ in range(2):
+        with caravanserai.durable("cut", store=store):
+            list(client.chat.completions.create(model=MODEL, messages=msgs("cut"), stream=True))
+    events = read_events("cut", store)
+    assert api.count() == 2 and not [e for e in events if e["type"] == "call_settled"]
+
+
+def test_a_replayed_record_can_only_be_a_2xx_with_the_replay_headers():
+    from caravanserai.calls.http_record import replay_status_and_headers
+
+    forged = {"status": 307, "headers": {"location": "https://elsewhere.example/v1", "content-type": "application/json"}}
+    assert replay_status_and_headers(forged) == (200, [("content-type", "application/json")])
+
+
+def test_the_proxy_reads_chunked_bodies_and_refuses_over_budget_with_a_final_400(api, store):
+    import http.client
+
+    with caravanserai.durable("proxy-edge", store=store, budget={"tokens": 5000}) as run:
+        base = urllib.parse.urlsplit(run.proxy_url(api.url))
+        conn = http.client.HTTPConnection(base.hostname, base.port)
+        body = json.dumps({"model": MODEL, "messages": msgs("chunked")}).encode()
+        conn.putrequest("POST", base.path + "/v1/chat/completions")
+        conn.putheader("content-type", "application/json")
+        conn.putheader("transfer-encoding", "chunked")
+        conn.endheaders()
+        conn.send(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+        answer = conn.getresponse()
+        assert answer.status == 200 and json.loads(answer.read())["choices"][0]["message"]["content"]
+        big = json.dumps({"model": MODEL, "messages": msgs("big"), "max_tokens": 100000}).encode()
+        conn.request("POST", base.path + "/v1/chat/completions", big, {"content-type": "application/json"})
+        refused = conn.getresponse()
+        assert refused.status == 400 and refused.getheader("x-should-retry") == "false"
+        assert json.loads(refused.read())["error"]["code"] == "budget_exceeded"
+    assert api.count() == 1

@@ -70,18 +70,34 @@ def configure(*, enabled: bool | None = None, endpoints: tuple[str, ...] | list[
     return rules
 
 
+_OPEN: dict[int, list] = {}  # id(run) -> [run, how many contexts bind it]: the runs open in this process
+
+
 def bind(run: Journal) -> contextvars.Token:
     """Make ``run`` the journal of model requests in this context (the run lifecycle calls this)."""
     install()
+    with _INSTALL_LOCK:
+        _OPEN.setdefault(id(run), [run, 0])[1] += 1
     return RUN.set(run)
 
 
 def unbind(token: contextvars.Token) -> None:
+    run = RUN.get()
     RUN.reset(token)
+    with _INSTALL_LOCK:
+        entry = _OPEN.get(id(run))
+        if entry is not None:
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del _OPEN[id(run)]
 
 
 def _active() -> Journal | None:
+    """The run this request belongs to: the context's, else (a thread that did not copy the context,
+    e.g. a ThreadPoolExecutor inside ``durable()``) the only run open in the process."""
     run = RUN.get()
+    if run is None and len(_OPEN) == 1:
+        run = next(iter(_OPEN.values()))[0]
     if run is None or PAUSED.get() or not rules.enabled or not getattr(run, "http_journal", True):
         return None
     return run
@@ -174,7 +190,8 @@ class _Call:
         self.status = 0
         self.headers: dict[str, str] = {}
         self.ended = False
-        self.decoder: Any = None
+        self.finished = False  # a chat chunk said finish_reason: whole even if [DONE] never comes
+        self.decoders: list[Any] = []
 
     def begin(self) -> dict | None:
         """The recorded answer to replay, or None once the intent is durable (the request may go out)."""
@@ -189,24 +206,37 @@ class _Call:
         """Note the status and headers; True when the answer is an SSE stream to record as it passes."""
         self.status = response.status_code
         self.headers = {k.lower(): v for k, v in response.headers.items()}
-        encoding = self.headers.get("content-encoding", "identity").strip().lower()
+        streamed = 200 <= self.status < 300 and self.headers.get("content-type", "").startswith("text/event-stream")
+        encodings = [e.strip() for e in self.headers.get("content-encoding", "").lower().split(",") if e.strip()]
+        encodings = [e for e in encodings if e != "identity"]
         decoders = getattr(getattr(module, "_decoders", None), "SUPPORTED_DECODERS", {})
-        self.decoder = decoders[encoding]() if encoding in decoders and encoding != "identity" else None
-        return 200 <= self.status < 300 and self.headers.get("content-type", "").startswith("text/event-stream")
+        if streamed and any(e not in decoders for e in encodings):  # bytes we could not read back: not journaled
+            self.ended = True
+            _unjournaled(self.run, f"{self.method} {self.path}", f"its stream is encoded as {', '.join(encodings)}")
+            return False
+        self.decoders = [decoders[e]() for e in reversed(encodings)]  # undone in the reverse order of applying
+        return streamed
 
     def settle_body(self, body: bytes) -> None:
-        if not 200 <= self.status < 300:
-            self.fail_status(body)
-            return
-        self._settle(*http_record.record(self.status, self.headers, body=body))
+        """Journal a whole answer before the SDK sees it; a failure to journal it is named, not raised
+        (an SDK would take the error for a network fault and pay for the call again)."""
+        try:
+            if not 200 <= self.status < 300:
+                self.fail_status(body)
+            else:
+                self._settle(*http_record.record(self.status, self.headers, body=body))
+        except Exception as exc:
+            _unjournaled(self.run, f"{self.method} {self.path}", f"its answer could not be journaled ({exc})")
 
     def feed(self, chunk: bytes) -> None:
         """A stream chunk as it passes: settle before the chunk holding the final event is handed on."""
         if self.ended:
             return
-        data = _joined(self.decoder.decode(chunk)) if self.decoder is not None else chunk
-        for event in self.splitter.feed(data):
+        for decoder in self.decoders:
+            chunk = _joined(decoder.decode(chunk))
+        for event in self.splitter.feed(chunk):
             self.events.append(event)
+            self.finished = self.finished or http_record.says_finished(event)
             end = http_record.stream_end(event)
             if end == "done":
                 self._settle_stream()
@@ -216,17 +246,28 @@ class _Call:
                 return
 
     def finish(self) -> None:
-        """The stream ended normally without a final event: what arrived is the answer."""
-        if not self.ended:
-            if self.decoder is not None:
-                self.events.extend(self.splitter.feed(_joined(self.decoder.flush())))
-            rest = self.splitter.rest()
-            if rest:
-                self.events.append(rest)
+        """The stream ended without its final event: settled if a chunk said the answer was finished,
+        else left unsettled like a stream cut midway (sent again on resume)."""
+        if self.ended:
+            return
+        for decoder in self.decoders:
+            self.events.extend(self.splitter.feed(_joined(decoder.flush())))
+        rest = self.splitter.rest()
+        if rest:
+            self.events.append(rest)
+        self.finished = self.finished or any(http_record.says_finished(e) for e in self.events[-2:])
+        if self.finished:
             self._settle_stream()
+        else:
+            self.ended = True
 
     def _settle_stream(self) -> None:
-        self._settle(*http_record.record(self.status, self.headers, events=self.events))
+        """Settle a stream as it passes: a failure to journal it (the run closed, the store down) is named,
+        never raised into the consumer, which holds an answer already paid for."""
+        try:
+            self._settle(*http_record.record(self.status, self.headers, events=self.events))
+        except Exception as exc:
+            _unjournaled(self.run, f"{self.method} {self.path}", f"its answer could not be journaled ({exc})")
 
     def _settle(self, stored: dict, usage: Usage) -> None:
         self.ended = True
@@ -240,9 +281,14 @@ class _Call:
         failed_call(self.run, self.pending, {"code": code or f"http_{self.status}",
                                              "message": body[:500].decode("utf-8", "replace")})
 
-    def fail(self, exc: BaseException) -> None:
-        if not self.ended and self.pending is not None:
-            self.ended = True
+    def fail(self, exc: BaseException, module: Any) -> None:
+        """The request failed. Journaled as failed (nothing spent) only when it never reached the server;
+        a timeout, a cancellation or a cut connection may have been billed: left unsettled (counted in
+        ``possible_double_count_calls`` on resume)."""
+        if self.ended or self.pending is None:
+            return
+        self.ended = True
+        if isinstance(exc, (module.ConnectError, module.ConnectTimeout)):
             fail_call(self.run, self.pending, exc)
 
 
@@ -287,9 +333,9 @@ def _unjournaled(run: Journal, what: str, why: str) -> None:
 
 def _replayed_response(module: Any, request: Any, stored: dict, is_async: bool) -> Any:
     chunks = http_record.replay_chunks(stored)
-    headers = list((stored.get("headers") or {}).items())
+    status, headers = http_record.replay_status_and_headers(stored)
     stream = _streams(module)[1 if is_async else 0](chunks)
-    return module.Response(int(stored.get("status", 200)), headers=headers, stream=stream, request=request)
+    return module.Response(status, headers=headers, stream=stream, request=request)
 
 
 def _fresh_response(module: Any, request: Any, response: Any, body: bytes) -> Any:
@@ -313,10 +359,10 @@ def journal_sync(module: Any, run: Journal, request: Any, send: Callable[[], Any
             response.stream = _streams(module)[2](response.stream, call)
             return response
         body = response.read()
-        call.settle_body(body)
     except BaseException as exc:
-        call.fail(exc)
+        call.fail(exc, module)
         raise
+    call.settle_body(body)
     return _fresh_response(module, request, response, body)
 
 
@@ -333,10 +379,10 @@ async def journal_async(module: Any, run: Journal, request: Any, send: Callable[
             response.stream = _streams(module)[3](response.stream, call)
             return response
         body = await response.aread()
-        call.settle_body(body)
     except BaseException as exc:
-        call.fail(exc)
+        call.fail(exc, module)
         raise
+    call.settle_body(body)
     return _fresh_response(module, request, response, body)
 
 

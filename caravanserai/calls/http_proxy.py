@@ -9,12 +9,13 @@ the path) keeps other local users' processes out. Streams are passed on chunk by
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from ..errors import MissingExtra
+from ..errors import CaravanseraiError, MissingExtra
 from .http_journal import bind, install, unbind
 from .journaled import Journal
 
@@ -49,6 +50,8 @@ class HttpProxy:
             do_PUT = do_POST
             do_DELETE = do_POST
             do_PATCH = do_POST
+            do_HEAD = do_POST
+            do_OPTIONS = do_POST
 
             def log_message(self, format: str, *args: Any) -> None:  # quiet: the journal is the record
                 pass
@@ -74,13 +77,16 @@ class HttpProxy:
         if upstream is None:
             handler.send_error(404, "unknown proxy route")
             return
-        length = int(handler.headers.get("content-length") or 0)
-        body = handler.rfile.read(length) if length else b""
+        body = _request_body(handler)
         headers = [(k, v) for k, v in handler.headers.items() if k.lower() not in _HOP]
         request = self.client.build_request(handler.command, upstream + "/" + rest, headers=headers, content=body)
         bound = bind(self.run)  # this handler thread's context: the run's journal
         try:
             response = self.client.send(request, stream=True)
+        except CaravanseraiError as exc:  # the journal refused it (over budget, run closed): final, not retried
+            unbind(bound)
+            _refuse(handler, exc)
+            return
         except Exception as exc:
             unbind(bound)
             handler.send_error(502, f"upstream unreachable: {type(exc).__name__}")
@@ -90,13 +96,16 @@ class HttpProxy:
             for key, value in response.headers.items():
                 if key.lower() not in _HOP and key.lower() != "content-encoding":
                     handler.send_header(key, value)
-            handler.send_header("Transfer-Encoding", "chunked")
+            bodiless = handler.command == "HEAD" or response.status_code in (204, 304) or response.status_code < 200
+            if not bodiless:
+                handler.send_header("Transfer-Encoding", "chunked")
             handler.end_headers()
-            for chunk in response.iter_bytes():  # decoded, one SSE event or body chunk at a time
+            for chunk in () if bodiless else response.iter_bytes():  # decoded, one SSE event or body chunk at a time
                 if chunk:
                     handler.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                     handler.wfile.flush()
-            handler.wfile.write(b"0\r\n\r\n")
+            if not bodiless:
+                handler.wfile.write(b"0\r\n\r\n")
             handler.wfile.flush()
         finally:
             response.close()
@@ -106,3 +115,31 @@ class HttpProxy:
         self.server.shutdown()
         self.server.server_close()
         self.client.close()
+
+
+def _request_body(handler: BaseHTTPRequestHandler) -> bytes:
+    """The request's body, sent with Content-Length or chunked (Transfer-Encoding: chunked)."""
+    if "chunked" in (handler.headers.get("transfer-encoding") or "").lower():
+        parts: list[bytes] = []
+        while True:
+            size = int(handler.rfile.readline().split(b";")[0].strip() or b"0", 16)
+            if size == 0:
+                while handler.rfile.readline() not in (b"\r\n", b"\n", b""):  # trailers
+                    pass
+                return b"".join(parts)
+            parts.append(handler.rfile.read(size))
+            handler.rfile.readline()  # the CRLF after each chunk
+    length = int(handler.headers.get("content-length") or 0)
+    return handler.rfile.read(length) if length else b""
+
+
+def _refuse(handler: BaseHTTPRequestHandler, exc: CaravanseraiError) -> None:
+    """A journal refusal as a final 400 in both providers' error shapes (SDKs do not retry a 400)."""
+    raw = json.dumps({"type": "error", "error": {"type": "invalid_request_error", "code": exc.code,
+                                                 "message": exc.message}}).encode()
+    handler.send_response(400)
+    handler.send_header("content-type", "application/json")
+    handler.send_header("x-should-retry", "false")
+    handler.send_header("content-length", str(len(raw)))
+    handler.end_headers()
+    handler.wfile.write(raw)

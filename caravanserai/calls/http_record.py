@@ -29,6 +29,7 @@ MEANING_HEADERS = ("anthropic-version", "anthropic-beta", "openai-beta")
 REPLAY_HEADERS = ("content-type", "x-request-id", "request-id")
 # a POST whose path holds one of these words is probably a model call we were not told about
 _MODEL_WORDS = ("completion", "generate", "chat", "messages", "responses", "embed", "predict", "infer", "invoke")
+_FREE_ENDPOINTS = ("/count_tokens", "/input_tokens", "/models")
 _TERMINAL_EVENTS = ("response.completed", "response.incomplete", "message_stop")
 _ERROR_EVENTS = ("error", "response.failed")
 
@@ -51,9 +52,11 @@ rules = Rules()
 
 
 def looks_like_model_call(method: str, path: str) -> bool:
-    """A POST outside the endpoint list whose path reads like a model call (warned about, not journaled)."""
-    lowered = path.lower()
-    return method == "POST" and any(word in lowered for word in _MODEL_WORDS)
+    """A POST outside the endpoint list whose path reads like a model call (warned about, not journaled);
+    free bookkeeping endpoints (token counting, batch status) are not."""
+    lowered = path.lower().rstrip("/")
+    return (method == "POST" and any(word in lowered for word in _MODEL_WORDS)
+            and not lowered.endswith(_FREE_ENDPOINTS) and "/batches" not in lowered)
 
 
 class NotJournalable(ValueError):
@@ -134,6 +137,8 @@ def stream_end(event: bytes) -> str | None:
         return "done"
     if name in _ERROR_EVENTS:
         return "error"
+    if not name and data.startswith('{"error"'):  # an OpenAI-style error in the stream
+        return "error"
     if not name and data.startswith('{"type"'):  # unnamed Responses/Anthropic events: the type leads the data
         kind = _json(data).get("type")
         if kind in _TERMINAL_EVENTS:
@@ -141,6 +146,21 @@ def stream_end(event: bytes) -> str | None:
         if kind in _ERROR_EVENTS:
             return "error"
     return None
+
+
+def says_finished(event: bytes) -> bool:
+    """A chat or completions chunk with a finish reason: the answer is whole even if ``[DONE]`` never comes."""
+    return b'"finish_reason":"' in event or b'"finish_reason": "' in event
+
+
+def replay_status_and_headers(stored: dict) -> tuple[int, list[tuple[str, str]]]:
+    """What a replayed answer may carry, whatever the store says: a 2xx status and the replay headers only
+    (a tampered record cannot turn a replay into a redirect that re-sends the prompt elsewhere)."""
+    status = stored.get("status")
+    status = status if isinstance(status, int) and not isinstance(status, bool) and 200 <= status < 300 else 200
+    headers = stored.get("headers")
+    headers = headers if isinstance(headers, dict) else {}
+    return status, [(k, v) for k, v in headers.items() if k in REPLAY_HEADERS and isinstance(v, str)]
 
 
 def _json(text: str) -> dict:
@@ -188,7 +208,7 @@ def record(status: int, headers: Mapping[str, str], *, body: bytes | None = None
 def replay_chunks(stored: dict) -> list[bytes]:
     """The recorded bytes, one chunk per SSE event (or one chunk for a whole body)."""
     if "events" in stored:
-        return [e.encode("utf-8") for e in stored["events"]]
+        return [str(e).encode("utf-8") for e in stored["events"]]
     if "events_b64" in stored:
         return [base64.b64decode(e) for e in stored["events_b64"]]
     if "body_b64" in stored:
@@ -198,12 +218,12 @@ def replay_chunks(stored: dict) -> list[bytes]:
 
 def decode_body(stored: dict) -> list[dict]:
     """The JSON objects of a record: the body, or each SSE event's data."""
-    if "body" in stored:
-        value = _json(stored["body"])
+    if "body" in stored or "body_b64" in stored:
+        value = _json(replay_chunks(stored)[0].decode("utf-8", "replace"))
         return [value] if value else []
     out = []
-    for event in stored.get("events", ()):
-        _, data = _fields(event.encode("utf-8"))
+    for event in replay_chunks(stored):
+        _, data = _fields(event)
         value = _json(data) if data.startswith("{") else {}
         if value:
             out.append(value)

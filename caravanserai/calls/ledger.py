@@ -247,6 +247,9 @@ class Ledger:
                 self._replay[("model", event.get("path"), event["call"].get("request_sha256"))].append(event)
             elif event["type"] == "tool_intent":
                 self._replay[("tool", event.get("path"), event.get("tool"))].append(event)
+        for key, queue in self._replay.items():  # identical requests replay in the order they were made,
+            if key[0] == "model" and len(queue) > 1:  # not the order they settled (concurrent calls)
+                self._replay[key] = deque(sorted(queue, key=_call_ordinal))
         if attempt > 1:
             prior = list(self.records)
             self.resume = ResumeInfo(
@@ -341,6 +344,12 @@ class Ledger:
     def boundary(self) -> None:
         """A new waypoint/turn was committed: what the old window held is no longer replayable."""
         self._replay.clear()
+
+
+def _call_ordinal(settled: dict) -> int:
+    """The ordinal ``next_call_id`` gave a call (``<path>#<n>``): the order calls were started."""
+    tail = str((settled.get("call") or {}).get("call_id", "")).rpartition("#")[2]
+    return int(tail) if tail.isdigit() else 0
 
 
 def completed_receipt(run_id: str, events: Sequence[dict]) -> Receipt:

@@ -357,6 +357,7 @@ class ModelAPI:
         self.response_delay = 0.0  # seconds before any answer is written (a request in flight)
         self.gzip = False  # compress answers for clients that accept gzip
         self.stream_error = False  # end every stream with an `error` event after three events
+        self.truncate_stream = 0  # > 0: streams end (cleanly) after that many events, without their final ones
         self.upstream = ""  # a real server's base URL: answers come from it (counted and paced here)
         self.requests: list[dict] = []
         self._lock = threading.Lock()
@@ -463,6 +464,8 @@ def _handler(api: ModelAPI) -> type[BaseHTTPRequestHandler]:
                 self.send_header("content-encoding", "gzip")
             self.end_headers()
             packer = zlib.compressobj(wbits=31)
+            if api.truncate_stream:  # the connection ends cleanly before the stream's final events
+                events = events[:api.truncate_stream]
             if api.stream_error:  # the provider gives up mid-stream (Anthropic: an `error` event in a 200 stream)
                 events = [*events[:3], ("error", {"type": "error", "error": {"type": "overloaded_error",
                                                                              "message": "Overloaded"}})]
