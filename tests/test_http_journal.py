@@ -554,3 +554,16 @@ def test_the_proxy_reads_chunked_bodies_and_refuses_over_budget_with_a_final_400
         assert refused.status == 400 and refused.getheader("x-should-retry") == "false"
         assert json.loads(refused.read())["error"]["code"] == "budget_exceeded"
     assert api.count() == 1
+
+
+def test_concurrent_calls_share_one_budget(api, store):
+    async def calls():
+        client = oai(api, openai.AsyncOpenAI)
+        return await asyncio.gather(*(client.chat.completions.create(model=MODEL, messages=msgs(f"gather {n}"))
+                                      for n in range(6)), return_exceptions=True)
+
+    api.response_delay = 0.3  # all six are in flight together
+    with caravanserai.durable("shared-budget", store=store, budget={"calls": 2}):
+        results = asyncio.run(calls())
+    refused = [r for r in results if isinstance(r, Exception)]
+    assert api.count() == 2 and len(refused) == 4, results

@@ -68,6 +68,7 @@ def start_call(run: Journal, *, path: str, kind: str, provider: str, model: str,
     pending = {"path": path, "kind": kind, "provider": provider, "model": model,
                "call_id": ledger.next_call_id(path), "request_sha256": request_sha}
     run.append({"type": "call_started", **pending})
+    ledger.reserve(pending["call_id"], model, prompt_estimate, max_tokens)
     return None, pending
 
 
@@ -80,6 +81,7 @@ def fail_call(run: Journal, pending: dict, exc: BaseException) -> None:
 
 def failed_call(run: Journal, pending: dict, info: dict) -> None:
     """Journal ``call_failed`` with ``info`` (``code``, ``message``): no answer was settled."""
+    run.ledger.release(pending["call_id"])
     run.append({"type": "call_failed", **info, "path": pending["path"], "kind": pending["kind"],
                 "call_id": pending["call_id"]})  # the call's own fields win over the error's
 

@@ -214,6 +214,7 @@ class Ledger:
         self.unsettled_intents: dict[str, dict] = {}
         self.resume: ResumeInfo | None = None
         self.unjournaled: list[str] = []  # model requests the transport journal saw but could not journal
+        self.in_flight: dict[str, tuple[float, int]] = {}  # call id -> (worst USD, worst tokens) of calls under way
         started: dict[str | None, dict] = {}  # keyed as the journal gives them: a damaged event may lack its call_id
         window_start = 0  # index of the first event after the last boundary
         attempt_no = 0
@@ -270,8 +271,10 @@ class Ledger:
                                          "calls": self.resume.prior_calls}
 
     def spent(self) -> tuple[float, int, int]:
-        return (sum(r.estimated_usd or 0.0 for r in self.records), sum(r.total_tokens for r in self.records),
-                len(self.records))
+        """Settled spend, plus the worst case of the calls in flight (concurrent calls share one budget)."""
+        return (sum(r.estimated_usd or 0.0 for r in self.records) + sum(u for u, _ in self.in_flight.values()),
+                sum(r.total_tokens for r in self.records) + sum(t for _, t in self.in_flight.values()),
+                len(self.records) + len(self.in_flight))
 
     def check_budget(self, model: str, estimated_prompt_tokens: int, max_tokens: int | None) -> None:
         """Refuse a call that would exceed the budget, before it is sent (prior attempts' spend counts)."""
@@ -298,7 +301,17 @@ class Ledger:
                 run_id=self.run_id, problems=problems,
             )
 
+    def reserve(self, call_id: str, model: str, estimated_prompt_tokens: int, max_tokens: int | None) -> None:
+        """A call checked against the budget is in flight: its worst case counts until it settles or fails."""
+        if self.budget is not None:
+            worst = estimated_prompt_tokens + (max_tokens or 0)
+            self.in_flight[call_id] = (estimate_usd(model, estimated_prompt_tokens, max_tokens or 0) or 0.0, worst)
+
+    def release(self, call_id: str) -> None:
+        self.in_flight.pop(call_id, None)
+
     def settle(self, event: dict, replayed: bool = False) -> CallRecord:
+        self.release(str((event.get("call") or {}).get("call_id", "")))
         record = record_from_event(self.run_id, event, self.attempt)
         record.replayed = replayed
         if not replayed:
