@@ -338,14 +338,6 @@ def _replayed_response(module: Any, request: Any, stored: dict, is_async: bool) 
     return module.Response(status, headers=headers, stream=stream, request=request)
 
 
-def _fresh_response(module: Any, request: Any, response: Any, body: bytes) -> Any:
-    """The answer as the SDK would have read it, with its body already read (and decoded)."""
-    headers = [(k, v) for k, v in response.headers.items() if k.lower() not in ("content-encoding", "content-length",
-                                                                                  "transfer-encoding")]
-    return module.Response(response.status_code, headers=headers, content=body, request=request,
-                           extensions=response.extensions)
-
-
 def journal_sync(module: Any, run: Journal, request: Any, send: Callable[[], Any]) -> Any:
     call = _keyed(run, request, request.read()) if _model_request(run, request) else None
     if call is None:
@@ -363,7 +355,7 @@ def journal_sync(module: Any, run: Journal, request: Any, send: Callable[[], Any
         call.fail(exc, module)
         raise
     call.settle_body(body)
-    return _fresh_response(module, request, response, body)
+    return response  # read (and decoded) already: the SDK gets its content as it would have
 
 
 async def journal_async(module: Any, run: Journal, request: Any, send: Callable[[], Awaitable[Any]]) -> Any:
@@ -383,7 +375,7 @@ async def journal_async(module: Any, run: Journal, request: Any, send: Callable[
         call.fail(exc, module)
         raise
     call.settle_body(body)
-    return _fresh_response(module, request, response, body)
+    return response  # read (and decoded) already: the SDK gets its content as it would have
 
 
 _STREAMS: dict[str, tuple[Any, Any, Any, Any]] = {}

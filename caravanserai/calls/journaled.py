@@ -20,7 +20,7 @@ from typing import Any, Protocol, cast
 
 from ..errors import CaravanseraiError, SerializationError, ToolEffectUncertain, ToolFailed
 from ..journal import RawJSON, canonical, digest, to_json
-from .ledger import Ledger
+from .ledger import CallRecord, Ledger
 from .models import Model, ModelResponse, Usage
 from .pricing import estimate_usd, price_for
 from .scope import paused
@@ -89,18 +89,22 @@ def failed_call(run: Journal, pending: dict, info: dict) -> None:
 def settle_call(run: Journal, pending: dict, response: dict, usage: Usage) -> dict:
     """After the answer: ``call_settled`` with usage, inferred USD and the response (durable on return)."""
     model = pending["model"]
+    usd = estimate_usd(model, usage.prompt_tokens, usage.completion_tokens)
     call = {
         "call_id": pending["call_id"], "request_sha256": pending["request_sha256"], "provider": pending["provider"],
         "model": model,
         "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-                  "total_tokens": usage.total_tokens, "cached_tokens": usage.cached_tokens},
-        "estimated_usd": estimate_usd(model, usage.prompt_tokens, usage.completion_tokens),
+                  "total_tokens": usage.total_tokens, "cached_tokens": min(usage.cached_tokens, usage.prompt_tokens)},
+        "estimated_usd": usd,
         "price_per_million": price_for(model),
         "response": response,
     }
     encoded = RawJSON(to_json(call, what="model response"), call)  # encoded once, spliced into the line
-    settled = run.append({"type": "call_settled", "path": pending["path"], "kind": pending["kind"], "call": encoded})[0]
-    run.ledger.settle(settled)
+    run.append({"type": "call_settled", "path": pending["path"], "kind": pending["kind"], "call": encoded})
+    # figures computed here, not read from a store: metered without the revalidation a journal read gets
+    run.ledger.settle_fresh(CallRecord(pending["call_id"], pending["path"], pending["kind"], pending["provider"], model,
+                                       usage.prompt_tokens, usage.completion_tokens, call["usage"]["cached_tokens"], usd,
+                                       run.ledger.attempt))
     return response
 
 

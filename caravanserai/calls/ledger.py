@@ -318,6 +318,11 @@ class Ledger:
             self.records.append(record)
         return record
 
+    def settle_fresh(self, record: CallRecord) -> None:
+        """A call this process just settled, with figures it computed itself (no revalidation needed)."""
+        self.release(record.call_id)
+        self.records.append(record)
+
     def receipt(self) -> Receipt:
         return Receipt(list(self.records), self.resume, unjournaled=list(self.unjournaled))
 
