@@ -40,21 +40,15 @@ def register_price(model_prefix: str, input_per_million: float, output_per_milli
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
             raise ValueError(f"price must be a finite number >= 0, got {value!r}")
     _PRICES[model_prefix] = (float(input_per_million), float(output_per_million))
-    _FOUND.clear()
-
-
-_FOUND: dict[str, tuple[float, float] | None] = {}  # model name -> its price: the table is scanned once a name
 
 
 def price_for(model: str | None) -> tuple[float, float] | None:
     """The list price of ``model`` (longest matching name prefix, provider prefix ignored), or None."""
     if not model:
         return None
-    if model not in _FOUND:
-        name = model.split("/")[-1].lower()
-        best = max((p for p in _PRICES if name.startswith(p)), key=len, default=None)
-        _FOUND[model] = _PRICES[best] if best is not None else None
-    return _FOUND[model]
+    name = model.split("/")[-1].lower()
+    best = max((p for p in _PRICES if name.startswith(p)), key=len, default=None)
+    return _PRICES[best] if best is not None else None
 
 
 def estimate_usd(model: str | None, prompt_tokens: int, completion_tokens: int) -> float | None:
