@@ -88,8 +88,8 @@ _CANONICAL: dict[Any, Callable[[Any], str]] = {}
 def canonical(value: Any, *, default: Callable[[Any], Any] | None = repr) -> str:
     """Canonical JSON (sorted keys, no spaces, UTF-8 text): the one form digests are taken of.
 
-    ``default`` turns a non-JSON value into something JSON (``repr`` for request digests); with
-    ``default=None`` non-JSON values and NaN are refused (checkpoint headers).
+    ``default`` turns a non-JSON value into something JSON (``repr``, for size estimates only: ``digest``
+    refuses non-JSON values); with ``default=None`` non-JSON values and NaN are refused (checkpoint headers).
     """
     encode = _CANONICAL.get(default)
     if encode is None:
