@@ -18,8 +18,6 @@ import sys
 import threading
 from typing import Any
 
-from .errors import UsageError
-
 __all__ = ["add_proxy_command"]
 
 
@@ -29,9 +27,10 @@ class CommandFailed(SystemExit):
 
 
 def cmd_proxy(args: argparse.Namespace) -> int:
+    from .calls.http_proxy import check_upstream
     from .runs.lifecycle import durable
 
-    check_upstream(args.upstream)
+    check_upstream(args.upstream)  # before the run is opened: a bad URL writes nothing
     command = list(args.program or [])
     with durable(args.run_id, store=args.store) as run:
         url = run.proxy_url(args.upstream)
@@ -60,8 +59,3 @@ def add_proxy_command(sub: Any, common: argparse.ArgumentParser) -> None:
                    help="the variable(s) to set to the proxy's URL (default: ANTHROPIC_BASE_URL for an Anthropic "
                         "upstream, else OPENAI_BASE_URL); CARAVANSERAI_PROXY_URL is always set")
     p.set_defaults(func=cmd_proxy)
-
-
-def check_upstream(upstream: str) -> None:
-    if not upstream.startswith(("http://", "https://")):
-        raise UsageError(f"proxy upstream must be an http(s) URL such as https://api.openai.com/v1, got {upstream!r}")

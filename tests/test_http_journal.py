@@ -567,3 +567,18 @@ def test_concurrent_calls_share_one_budget(api, store):
         results = asyncio.run(calls())
     refused = [r for r in results if isinstance(r, Exception)]
     assert api.count() == 2 and len(refused) == 4, results
+
+
+def test_bad_configuration_and_a_bad_upstream_are_one_line_usage_errors(store):
+    from caravanserai.errors import UsageError
+
+    before = http_journal.rules.endpoints
+    for bad in ({"endpoints": "/chat/completions"}, {"endpoints": ["chat/completions"]}, {"identity_fields": [""]},
+                {"meaning_headers": [3]}):
+        with pytest.raises(UsageError, match="configure") as info:
+            http_journal.configure(**bad)
+        assert "\n" not in str(info.value) and info.value.code == "usage_error"
+    assert http_journal.rules.endpoints == before  # nothing changed
+    with caravanserai.durable("bad-upstream", store=store) as run:
+        with pytest.raises(UsageError, match="http\\(s\\) URL"):
+            run.proxy_url("ftp://example")

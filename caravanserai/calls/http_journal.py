@@ -32,14 +32,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import nullcontext
 from typing import Any
 
+from ..errors import UsageError
 from . import http_record
 from .http_record import NotJournalable, Rules, SseSplitter, rules
 from .journaled import Journal, fail_call, failed_call, settle_call, start_call
 from .models import Usage
-from .scope import PAUSED, RUN, bound_run, paused
+from .scope import PAUSED, RUN, paused
 
-__all__ = ["UnjournaledCallWarning", "bind", "bound_run", "configure", "install", "installed_modules", "paused", "rules",
-           "unbind", "wrap_transport"]
+__all__ = ["UnjournaledCallWarning", "bind", "configure", "install", "paused", "rules", "unbind", "wrap_transport"]
 
 _INSTALL_LOCK = threading.Lock()
 _PATCHED: dict[str, Any] = {}  # module name -> the module, once its transports are patched
@@ -59,8 +59,14 @@ def configure(*, enabled: bool | None = None, endpoints: tuple[str, ...] | list[
     body fields left out of the key (default ``metadata``, ``user``, ``safety_identifier``,
     ``prompt_cache_key``); ``meaning_headers``: headers kept in the key. Returns the rules now in force.
     """
+    for name, value in (("endpoints", endpoints), ("identity_fields", identity_fields),
+                        ("meaning_headers", meaning_headers)):
+        if value is not None and (isinstance(value, str) or not all(isinstance(v, str) and v for v in value)):
+            raise UsageError(f"http_journal.configure({name}=...) takes a list of non-empty strings, got {value!r}")
+    if endpoints is not None and not all(e.startswith("/") for e in endpoints):
+        raise UsageError(f"http_journal.configure(endpoints=...) takes URL path endings starting with '/', got {endpoints!r}")
     if enabled is not None:
-        rules.enabled = enabled
+        rules.enabled = bool(enabled)
     if endpoints is not None:
         rules.endpoints = tuple(endpoints)
     if identity_fields is not None:
@@ -108,7 +114,7 @@ def install() -> list[str]:
     if os.environ.get("CARAVANSERAI_HTTP_JOURNAL", "").strip().lower() in ("0", "off", "false", "no"):
         rules.enabled = False
     if len(_LOOKED_FOR) == 2:
-        return installed_modules()
+        return sorted(_PATCHED)
     with _INSTALL_LOCK:
         for name in ("httpx", "httpx2"):
             if name not in _LOOKED_FOR and importlib.util.find_spec(name) is not None:
@@ -116,10 +122,6 @@ def install() -> list[str]:
                 _patch(module)
                 _PATCHED[name] = module
             _LOOKED_FOR.add(name)
-    return installed_modules()
-
-
-def installed_modules() -> list[str]:
     return sorted(_PATCHED)
 
 
@@ -128,16 +130,10 @@ def _patch(module: Any) -> None:
     async_send = module.AsyncHTTPTransport.handle_async_request
 
     def handle_request(self: Any, request: Any) -> Any:
-        run = _active()
-        if run is None:
-            return sync_send(self, request)
-        return journal_sync(module, run, request, lambda: sync_send(self, request))
+        return journal_sync(module, request, lambda: sync_send(self, request))
 
     async def handle_async_request(self: Any, request: Any) -> Any:
-        run = _active()
-        if run is None:
-            return await async_send(self, request)
-        return await journal_async(module, run, request, lambda: async_send(self, request))
+        return await journal_async(module, request, lambda: async_send(self, request))
 
     handle_request.__wrapped__ = sync_send  # type: ignore[attr-defined]
     handle_async_request.__wrapped__ = async_send  # type: ignore[attr-defined]
@@ -150,10 +146,7 @@ def wrap_transport(transport: Any, module: Any) -> Any:
     if isinstance(transport, module.AsyncBaseTransport):
         class AsyncJournaling(module.AsyncBaseTransport):
             async def handle_async_request(self, request: Any) -> Any:
-                run = _active()
-                if run is None:
-                    return await transport.handle_async_request(request)
-                return await journal_async(module, run, request, lambda: transport.handle_async_request(request))
+                return await journal_async(module, request, lambda: transport.handle_async_request(request))
 
             async def aclose(self) -> None:
                 await transport.aclose()
@@ -161,10 +154,7 @@ def wrap_transport(transport: Any, module: Any) -> Any:
 
     class Journaling(module.BaseTransport):
         def handle_request(self, request: Any) -> Any:
-            run = _active()
-            if run is None:
-                return transport.handle_request(request)
-            return journal_sync(module, run, request, lambda: transport.handle_request(request))
+            return journal_sync(module, request, lambda: transport.handle_request(request))
 
         def close(self) -> None:
             transport.close()
@@ -338,8 +328,10 @@ def _replayed_response(module: Any, request: Any, stored: dict, is_async: bool) 
     return module.Response(status, headers=headers, stream=stream, request=request)
 
 
-def journal_sync(module: Any, run: Journal, request: Any, send: Callable[[], Any]) -> Any:
-    call = _keyed(run, request, request.read()) if _model_request(run, request) else None
+def journal_sync(module: Any, request: Any, send: Callable[[], Any]) -> Any:
+    """Send ``request`` through the run's journal (outside a run, or not a model request: just send it)."""
+    run = _active()
+    call = _keyed(run, request, request.read()) if run is not None and _model_request(run, request) else None
     if call is None:
         return send()
     stored = call.begin()
@@ -358,8 +350,9 @@ def journal_sync(module: Any, run: Journal, request: Any, send: Callable[[], Any
     return response  # read (and decoded) already: the SDK gets its content as it would have
 
 
-async def journal_async(module: Any, run: Journal, request: Any, send: Callable[[], Awaitable[Any]]) -> Any:
-    call = _keyed(run, request, await request.aread()) if _model_request(run, request) else None
+async def journal_async(module: Any, request: Any, send: Callable[[], Awaitable[Any]]) -> Any:
+    run = _active()
+    call = _keyed(run, request, await request.aread()) if run is not None and _model_request(run, request) else None
     if call is None:
         return await send()
     stored = call.begin()

@@ -15,14 +15,21 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from ..errors import CaravanseraiError, MissingExtra
+from ..errors import CaravanseraiError, MissingExtra, UsageError
 from .http_journal import bind, install, unbind
 from .journaled import Journal
 
-__all__ = ["HttpProxy"]
+__all__ = ["HttpProxy", "check_upstream"]
 
 _HOP = {"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade", "proxy-connection",
         "accept-encoding", "trailer"}
+
+
+def check_upstream(upstream: str) -> str:
+    """``upstream`` without its trailing slash; UsageError (one line, nothing written) unless http(s)."""
+    if not isinstance(upstream, str) or not upstream.startswith(("http://", "https://")):
+        raise UsageError(f"proxy upstream must be an http(s) URL such as https://api.openai.com/v1, got {upstream!r}")
+    return upstream.rstrip("/")
 
 
 class HttpProxy:
@@ -64,9 +71,7 @@ class HttpProxy:
 
     def url_for(self, upstream: str) -> str:
         """The base URL standing for ``upstream`` (``https://api.anthropic.com``, ``http://host:8000/v1``)."""
-        upstream = upstream.rstrip("/")
-        if not upstream.startswith(("http://", "https://")):
-            raise ValueError(f"proxy upstream must be an http(s) URL, got {upstream!r}")
+        upstream = check_upstream(upstream)
         token = next((t for t, u in self.routes.items() if u == upstream), None) or secrets.token_urlsafe(12)
         self.routes[token] = upstream
         return f"http://127.0.0.1:{self.server.server_address[1]}/{token}"

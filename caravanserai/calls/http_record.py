@@ -15,7 +15,7 @@ import base64
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from .models import Usage
@@ -42,7 +42,6 @@ class Rules:
     identity_fields: tuple[str, ...] = IDENTITY_FIELDS
     meaning_headers: tuple[str, ...] = MEANING_HEADERS
     enabled: bool = True
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def journaled(self, method: str, path: str) -> bool:
         return method == "POST" and path.rstrip("/").endswith(self.endpoints)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-__all__ = ["bound_run", "paused"]
+__all__ = ["paused"]
 
 RUN: contextvars.ContextVar[Any] = contextvars.ContextVar("caravanserai_http_run", default=None)
 PAUSED: contextvars.ContextVar[bool] = contextvars.ContextVar("caravanserai_http_paused", default=False)
@@ -25,8 +25,3 @@ def paused() -> Iterator[None]:
         yield
     finally:
         PAUSED.reset(token)
-
-
-def bound_run() -> Any:
-    """The run model requests in this context are journaled into (None outside a run)."""
-    return RUN.get()
