@@ -54,8 +54,8 @@ def test_a_fork_resumes_after_its_waypoint_and_replays_settled_calls_for_free(pr
     view = inspect_run(child)
     assert view.parent is not None and view.parent.run_id == "parent" and [w.n for w in view.waypoints] == [1, 2, 3, 4, 5]
     replayed = [c for c in view.calls if c.replayed]
-    assert [c.call_id for c in replayed] == ["run#4"] and replayed[0].replayed_in == (2,)
-    assert len([c for c in view.calls if c.paid and c.attempt == 2]) == 1  # only question 4 was paid by the child
+    assert [c.call_id for c in replayed] == ["run#4"] and replayed[0].replayed_in == (1,)  # the fork's own attempt 1
+    assert len([c for c in view.calls if c.paid and c.attempt == 1]) == 1  # only question 4 was paid by the child
     assert journal(project, "parent") == parent
 
 
@@ -68,7 +68,7 @@ def test_a_fork_with_an_edited_state_and_a_fork_of_a_fork(project, parent):
     assert origin["run_id"] == "what-if" and origin["waypoint"] == 4
     assert work(grandchild, ScriptedModel(["z"])) == ["A", "B", "answer 2", "c", "d"]  # step 5's call replays
     notes = [w.note for w in inspect_run("what-if").waypoints]
-    assert notes[1].endswith("(state edited in this fork)")
+    assert notes[1].endswith("(edited in this fork: state)")
     assert journal(project, "parent") == parent
 
 

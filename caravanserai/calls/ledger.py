@@ -18,13 +18,12 @@ from typing import Any
 
 from .._html import bundle, table
 from ..errors import BudgetExceeded, JournalCorruptionError
+from ..events import BOUNDARIES, CALL_EVENTS, Segments
 from ..journal import digest
 from .pricing import PRICE_LABEL, estimate_usd
 
 __all__ = ["Budget", "CallRecord", "Ledger", "Receipt", "ResumeInfo", "completed_receipt", "digest"]
 
-BOUNDARIES = ("waypoint", "turn")
-CALL_EVENTS = ("call_started", "call_settled", "call_failed", "tool_intent", "tool_settled")
 
 
 @dataclass(frozen=True)
@@ -217,11 +216,12 @@ class Ledger:
         self.in_flight: dict[str, tuple[float, int]] = {}  # call id -> (worst USD, worst tokens) of calls under way
         started: dict[str | None, dict] = {}  # keyed as the journal gives them: a damaged event may lack its call_id
         window_start = 0  # index of the first event after the last boundary
-        attempt_no = 0
+        segments = Segments()
         self._settlements: dict[str | None, dict] = {}
         self.calls_started = 0
         for index, event in enumerate(events):
             etype = event["type"]
+            segments.feed(event)
             if etype == "tool_intent":
                 self.unsettled_intents[event["call_id"]] = event
                 self.calls_started += 1
@@ -235,11 +235,9 @@ class Ledger:
                 self.calls_started += 1
             elif etype == "call_settled":
                 started.pop((event.get("call") or {}).get("call_id"), None)
-                self.records.append(record_from_event(run_id, event, attempt_no))
+                self.records.append(record_from_event(run_id, event, segments.number))
             elif etype == "call_failed":
                 started.pop(event.get("call_id"), None)
-            elif etype == "run_started" or etype == "attempt":
-                attempt_no += 1
             elif etype in BOUNDARIES:
                 window_start = index + 1
         window = [e for e in events[window_start:] if e["type"] in CALL_EVENTS]
@@ -373,7 +371,8 @@ def _call_ordinal(settled: dict) -> int:
 def completed_receipt(run_id: str, events: Sequence[dict]) -> Receipt:
     """The receipt a completed run returned: its calls, and the resume facts of the attempt that completed it."""
     done = next((i for i, e in enumerate(events) if e["type"] == "run_completed"), len(events) - 1)
-    starts = [i for i, e in enumerate(events[: done + 1]) if e["type"] in ("run_started", "attempt")]
+    segments = Segments()
+    starts = [i for i, e in enumerate(events[: done + 1]) if segments.feed(e) == "attempt"]
     begin, attempts = (starts[-1], len(starts)) if starts else (0, 1)
     calls = Ledger(run_id, events[: done + 1], attempts).records
     return Receipt(calls, Ledger(run_id, events[:begin], attempts).resume)

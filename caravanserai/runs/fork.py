@@ -4,17 +4,23 @@ The child's journal is the parent's history up to waypoint N (its waypoints, loo
 notebook variables, journaled calls), plus the calls the parent had already settled for the next
 step (so re-running that step with the same inputs replays them from the journal, free), then a
 ``forked`` event naming the parent and the point. Its ``run_started`` carries
-``forked_from = {run_id, seq, waypoint}``. The parent is only read, never modified; a fork of a fork
-works the same way. ``state=`` replaces waypoint N's state in the child (an edited what-if).
+``forked_from = {run_id, seq, waypoint, started_at}`` and the parent's identity; the ``forked``
+event carries the child's own (a notebook cell's new source) and, where the code changed, the
+diff. That copied prefix is the parent's work: the child's own attempts count from 1 after it
+(``caravanserai.events.Segments``). The parent is only read, never modified; a fork of a fork
+works the same way. ``state=`` replaces waypoint N's state, ``variables=`` some of its saved
+notebook variables; the ``forked`` event names what was edited (``edited``), and only when
+something differs from the parent.
 """
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Sequence
 from typing import Any
 
-from ..calls.ledger import BOUNDARIES, CALL_EVENTS
-from ..errors import NoSuchWaypoint, RunExists
+from ..errors import NoSuchWaypoint, RunExists, UsageError
+from ..events import BOUNDARIES, CALL_EVENTS, IDENTITY_FIELDS, Segments, fork_origin
 from ..ids import validate_run_id
 from ..journal import RESERVED_FIELDS, RawJSON, to_json
 from ..stores import Store, open_store
@@ -24,8 +30,6 @@ from .lifecycle import registry, require_events
 __all__ = ["fork", "fork_point"]
 
 _UNSET: Any = object()
-IDENTITY_FIELDS = ("agent_id", "definition_sha256", "input", "budget_sha256", "session_id", "conversation_sha256",
-                   "cell_source")
 
 
 def fork_point(events: Sequence[dict], at: int | None) -> int:
@@ -44,30 +48,52 @@ def fork_point(events: Sequence[dict], at: int | None) -> int:
 
 
 def fork(run_id: str, at: int | None = None, new_run_id: str | None = None, store: Store | str | None = None, *,
-         state: Any = _UNSET, started: dict | None = None) -> str:
+         state: Any = _UNSET, variables: dict[str, Any] | None = None, started: dict | None = None) -> str:
     """Create a new run from waypoint ``at`` of ``run_id`` (default: its last one); returns the new id.
 
     ``new_run_id`` defaults to ``<run_id>-fork-<at>`` (``-2``, ``-3``... if taken); an existing id
     raises RunExists and nothing is written. ``state`` replaces that waypoint's state in the child
-    (JSON; checked before anything is written). ``started`` adds identity fields to the child's
-    ``run_started`` (a notebook cell forks under its own source).
+    (JSON); ``variables`` replaces saved notebook variables by name (Python values, saved as the
+    cell saves them). Both are checked before anything is written. ``started`` gives the child its
+    own identity fields (a notebook cell forks under its own source; the code diff is recorded).
     """
     resolved = open_store(store)
     run_id = readable_run_id(run_id, resolved)
     events = require_events(run_id, resolved)
     cut = fork_point(events, at)
     point = events[cut]
-    edited = None if state is _UNSET else RawJSON(to_json(state), state)  # refused before anything is written
+    edits: list[str] = []
+    new_state = None
+    if state is not _UNSET:
+        new_state = RawJSON(to_json(state), state)  # refused before anything is written
+        if point.get("state") != state or to_json(point.get("state")) != new_state.text:
+            edits.append("state")
+    saved = saved_names(events, cut)
+    if variables:
+        saved, changed = edit_names(saved, variables, run_id)
+        edits.extend(changed)
     child = _child_id(resolved, run_id, point.get("n"), new_run_id)
-    identity = {k: v for k, v in events[0].items() if k in IDENTITY_FIELDS or k == "denomination"}
-    header = {**identity, **(started or {}),
-              "forked_from": {"run_id": run_id, "seq": point["seq"], "waypoint": point.get("n")}}
+    parent = identity_at(events, cut)
+    origin = fork_origin(events[0])
     copied = [_body(e) for e in events[1:cut + 1]] + [_body(e) for e in _pending_calls(events, cut)]
-    if edited is not None:
-        copied[cut - 1] = {**copied[cut - 1], "state": edited,
-                           "note": f"{point.get('note', '')} (state edited in this fork)"}
-    marker = {"type": "forked", "parent_run": run_id, "at_waypoint": point.get("n"), "parent_seq": point["seq"],
-              "edited": edited is not None, **{k: v for k, v in (started or {}).items() if k in IDENTITY_FIELDS}}
+    header = {**{k: v for k, v in events[0].items() if k in IDENTITY_FIELDS or k == "denomination"},
+              "forked_from": {"run_id": run_id, "seq": point["seq"], "waypoint": point.get("n"), "copied": len(copied),
+                              "started_at": origin.get("started_at") if origin else events[0].get("at")}}
+    if edits:
+        last = {**copied[cut - 1], "note": f"{point.get('note', '')} (edited in this fork: {', '.join(edits)})"}
+        if new_state is not None:
+            last["state"] = new_state
+        if variables:
+            last["names"] = saved
+        copied[cut - 1] = last
+    own = {k: v for k, v in (started or {}).items() if k in IDENTITY_FIELDS}
+    marker: dict[str, Any] = {"type": "forked", "parent_run": run_id, "at_waypoint": point.get("n"),
+                              "parent_seq": point["seq"], **own}
+    if edits:
+        marker["edited"] = edits
+    code = code_diff(parent.get("cell_source"), own.get("cell_source"))
+    if code:
+        marker["code_changed"] = code
     _copy_values(resolved, run_id, child, copied)
     run = registry.open(child, resolved, attempt=False, started=header)
     try:
@@ -75,6 +101,52 @@ def fork(run_id: str, at: int | None = None, new_run_id: str | None = None, stor
     finally:
         run.close()
     return child
+
+
+def identity_at(events: Sequence[dict], cut: int) -> dict[str, Any]:
+    """The identity in force at ``events[cut]`` (a restart or an earlier fork's cell may have changed it)."""
+    segments = Segments()
+    for event in events[: cut + 1]:
+        segments.feed(event)
+    return segments.identity
+
+
+def saved_names(events: Sequence[dict], cut: int) -> dict:
+    """The notebook variables in force at ``events[cut]``: the last ``names`` saved at or before it."""
+    for event in reversed(events[: cut + 1]):
+        if event["type"] == "restarted":
+            break
+        names = event.get("names")
+        if isinstance(names, dict) and isinstance(names.get("values"), dict):
+            return names
+    return {}
+
+
+def edit_names(saved: dict, variables: dict[str, Any], run_id: str) -> tuple[dict, list[str]]:
+    """``saved`` with ``variables`` (name -> Python value) saved in their place; the names that changed.
+    A name the waypoint did not save, or a value that cannot be saved as data, is a UsageError."""
+    from .snapshots import entry_for
+
+    values = dict(saved.get("values") or {})
+    changed = []
+    for name, value in variables.items():
+        if name not in values:
+            known = ", ".join(sorted(values)) or "none"
+            raise UsageError(f"run {run_id!r} saved no variable {name!r} at this waypoint (its variables: {known}); "
+                             "edit one of those (nothing was written)")
+        entry = entry_for(name, value)
+        if entry != values[name]:
+            values[name] = entry
+            changed.append(name)
+    return {**saved, "values": values}, changed
+
+
+def code_diff(old: Any, new: Any) -> str | None:
+    """The unified diff from the parent's cell source to the fork's; None when the code is the same (or unknown)."""
+    if not isinstance(old, str) or not isinstance(new, str) or old == new:
+        return None
+    lines = difflib.unified_diff(old.splitlines(), new.splitlines(), "parent", "fork", lineterm="", n=1)
+    return "\n".join(lines)
 
 
 def _body(event: dict) -> dict:

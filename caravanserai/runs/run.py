@@ -20,8 +20,9 @@ from .. import journal
 from .._html import bundle, escape, json_block, table
 from .._version import __version__
 from ..calls import journaled
-from ..calls.ledger import BOUNDARIES, Ledger
+from ..calls.ledger import Ledger
 from ..errors import CaravanseraiError, RunClosed
+from ..events import BOUNDARIES, Segments
 from ..journal import to_json
 from ..stores import Store
 from ..stores.base import Lease
@@ -65,8 +66,6 @@ def launch_info() -> dict[str, Any]:
     }
 
 
-_IDENTITY = frozenset({"agent_id", "definition_sha256", "input", "budget_sha256", "session_id", "conversation_sha256",
-                       "cell_source"})
 _INDEXED = frozenset({"run_started", "attempt", "waypoint", "progress", "run_completed", "run_failed", "restarted",
                       "forked"})
 #: A writer keeps the events it appends (next to those it opened) while its journal is at most this
@@ -95,7 +94,7 @@ class Run:
         self._appended: list[dict] | None = [] if len(events) <= HELD_EVENTS_MAX else None
         self._closed = False
         self._started = bool(events)
-        self.attempt = 1
+        self.segments = Segments()  # attempts so far (a fork's copied prefix is not one of them)
         self._last_waypoint: dict | None = None
         self._waypoint_count = 0
         self._last_n = 0  # number of the last waypoint, with or without state
@@ -107,14 +106,13 @@ class Run:
         self.legacy_offset: int | None = None
         self.saved_names: dict = {}  # the variables saved with the last commit (notebook cells)
         self.saved_at: int | None = None
-        self.started_event: dict | None = events[0] if events else None  # identity (updated by restarts)
-        index = self._index
+        self._first: dict | None = events[0] if events else None
+        index, segments = self._index, self.segments
         for event in events:
-            etype = event["type"]
-            if etype in _INDEXED:
-                if etype == "run_started" or etype == "attempt":
-                    self.attempt += 1
+            segments.feed(event)
+            if event["type"] in _INDEXED:
                 index(event)
+        self.attempt = segments.number + 1
         self._header: list[dict] = [self._attempt_event(events, started)] if attempt or not events else []
         self._iterate_loops = 0
         self.capture: Any = None  # set by a notebook cell: returns the names to save with each commit
@@ -127,6 +125,11 @@ class Run:
         self._proxy: Any = None
 
     # ---- reading -------------------------------------------------------------------------
+    @property
+    def started_event(self) -> dict | None:
+        """The ``run_started`` event with the identity in force now (a restart or a fork's cell replaces it)."""
+        return None if self._first is None else {**self._first, **self.segments.identity}
+
     @property
     def events(self) -> list[dict]:
         """Every event of the run, verified, read back from the store."""
@@ -203,12 +206,13 @@ class Run:
             self._started = True
             for event in stored:
                 etype = event["type"]
+                self.segments.feed(event)
                 if etype in _INDEXED or "names" in event:  # what _index keeps; journaled calls are the ledger's
                     self._index(event)
                 if etype in BOUNDARIES:
                     self.ledger.boundary()
-            if self.started_event is None:
-                self.started_event = stored[0]
+            if self._first is None:
+                self._first = stored[0]
             if self._appended is not None:
                 self._appended.extend(stored)
                 if len(self.opened_events) + len(self._appended) > HELD_EVENTS_MAX:
@@ -359,11 +363,7 @@ class Run:
         if "names" in event:
             self.saved_names = event["names"]
             self.saved_at = event.get("seq")
-        if etype == "forked" and self.started_event is not None:  # a fork may carry its own identity (its cell)
-            self.started_event = {**self.started_event, **{k: v for k, v in event.items() if k in _IDENTITY}}
         if etype == "restarted":  # a fresh start inside the same run: history stays, state does not
-            if self.started_event is not None:
-                self.started_event = {**self.started_event, **{k: v for k, v in event.items() if k in _IDENTITY}}
             self._last_waypoint = None
             self._last_n, self._user_state = 0, False
             self.progress, self.progress_done, self.legacy_offset = {}, {}, None

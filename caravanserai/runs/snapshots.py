@@ -25,6 +25,7 @@ No pandas/NumPy import happens unless such a value is met.
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import hmac
 import io
@@ -118,6 +119,27 @@ def encode_value(name: str, value: Any) -> tuple[str, bytes, dict]:
     return "pickle", payload, extra
 
 
+def inline_entry(codec: str, payload: bytes, extra: dict) -> dict[str, Any]:
+    """A saved variable's entry held in the event itself: JSON and typed JSON as plain nested JSON
+    (``value``, readable in the journal and by the read model), other codecs as base64 ``data``."""
+    entry: dict[str, Any] = {"codec": codec, **{k: v for k, v in extra.items() if v is not None}}
+    if codec in ("json", "typed"):
+        entry["value"] = json.loads(payload)
+    else:
+        entry["data"] = base64.b64encode(payload).decode("ascii")
+    return entry
+
+
+def entry_for(name: str, value: Any) -> dict[str, Any]:
+    """The inline entry ``value`` is saved as (a fork's edited variable): typed JSON or plain JSON only,
+    never pickle (an edit is data). SerializationError naming ``name`` otherwise."""
+    codec, payload, extra = encode_value(name, value)
+    if codec not in ("json", "typed"):
+        raise SerializationError(f"variable {name!r} ({_type_name(value)}) cannot be edited as data; "
+                                 "leave it as it was or change it in the cell", path=name, kind=_type_name(value))
+    return inline_entry(codec, payload, extra)
+
+
 def decode_value(name: str, codec: str, payload: bytes, extra: dict, *, store_url: str, trusted_store: bool = False,
                  namespace: dict | None = None) -> Any:
     """The value ``encode_value`` saved. Pickle only from a trusted store or with a valid signature."""
@@ -197,16 +219,14 @@ class Snapshotter:
                 continue
             if codec == "pickle":
                 pickled.append(name)
-            entry: dict[str, Any] = {"codec": codec, **{k: v for k, v in extra.items() if v is not None}}
             if len(payload) <= INLINE_LIMIT:
-                entry["data"] = payload.decode("utf-8") if codec in _TEXT_CODECS else \
-                    base64.b64encode(payload).decode("ascii")
+                entry = inline_entry(codec, payload, extra)
             else:
                 digest = hashlib.sha256(payload).hexdigest()
                 if digest not in self._written:
                     self.objects.put_if_absent(f"values/{self.run_id}/{digest}", payload)
                     self._written.add(digest)
-                entry["object"] = digest
+                entry = {"codec": codec, **{k: v for k, v in extra.items() if v is not None}, "object": digest}
             saved[name] = entry
         self.pickled, self.skipped = pickled, skipped
         return saved
@@ -250,7 +270,10 @@ class Snapshotter:
                     raise _damaged(f"the stored value of variable {name!r} is missing from the store") from None
                 if hashlib.sha256(payload).hexdigest() != digest:
                     raise _damaged(f"the stored value of variable {name!r} does not match its digest")
-            elif codec in _TEXT_CODECS:
+            elif "value" in entry and codec in ("json", "typed"):
+                value = entry["value"]
+                return copy.deepcopy(value) if codec == "json" else values.decode(value, self.namespace)
+            elif codec in _TEXT_CODECS:  # written before values were held as plain JSON
                 payload = entry["data"].encode("utf-8")
             else:
                 payload = base64.b64decode(entry["data"], validate=True)
@@ -271,6 +294,8 @@ def _waits_for(entry: Any, namespace: dict, definable: set[str]) -> bool:
     refs: list[str] = []
     if entry.get("codec") in ("dataclass", "pydantic") and isinstance(entry.get("class"), str):
         refs = [entry["class"]]
+    elif entry.get("codec") == "typed" and "value" in entry:
+        refs = list(values.class_refs(entry["value"]))
     elif entry.get("codec") == "typed" and isinstance(entry.get("data"), str):
         try:
             refs = list(values.class_refs(json.loads(entry["data"])))

@@ -494,3 +494,116 @@ def class_refs(data: Any) -> Iterable[str]:
             yield data["class"]
         for value in data.values():
             yield from class_refs(value)
+
+
+def show(data: Any, limit: int | None = None) -> str:
+    """Typed JSON (as ``encode`` wrote it) as a person reads the value: Python's notation
+    (``{0: 0, 1: 1}``, ``{1, 2}``, ``(1, 'a')``, ``Point(x=1, y=2)``), built from the data alone
+    (no class is looked up). ``limit``: at most that many characters, ending in ``…``."""
+    parts: list[str] = []
+    _show(data, parts, [0], limit)
+    text = "".join(parts)
+    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _show(data: Any, out: list[str], used: list[int], limit: int | None) -> None:
+    if limit is not None and used[0] > limit:
+        return
+    if isinstance(data, dict):
+        tag = data.get(TAG)
+        if isinstance(tag, str):
+            _show_tagged(tag, data, out, used, limit)
+        else:
+            _items(out, used, limit, "{", "}", [(repr(k) + ": ", v) for k, v in data.items()])
+    elif isinstance(data, list):
+        _items(out, used, limit, "[", "]", [("", v) for v in data])
+    else:
+        text = repr(data)
+        out.append(text)
+        used[0] += len(text)
+
+
+def _show_tagged(tag: str, data: dict, out: list[str], used: list[int], limit: int | None) -> None:
+    items = data.get("v")
+    name = str(data.get("class", "")).rpartition(":")[2].rpartition(".")[2] or tag
+    if tag == "dict" and isinstance(items, list):
+        pairs = [p for p in items if isinstance(p, list) and len(p) == 2]
+        _items(out, used, limit, "{", "}", [(show(k) + ": ", v) for k, v in pairs])
+    elif tag == "tuple" and isinstance(items, list):
+        _items(out, used, limit, "(", ",)" if len(items) == 1 else ")", [("", v) for v in items])
+    elif tag in ("set", "frozenset") and isinstance(items, list):
+        if not items:
+            out.append(f"{tag}()")
+        else:
+            _items(out, used, limit, "{" if tag == "set" else "frozenset({", "}" if tag == "set" else "})",
+                   [("", v) for v in items])
+    elif tag in ("dataclass", "pydantic") and isinstance(items, dict):
+        _items(out, used, limit, f"{name}(", ")", [(f"{k}=", v) for k, v in items.items()])
+    elif tag == "namedtuple" and isinstance(items, list):
+        _items(out, used, limit, f"{name}(", ")", [("", v) for v in items])
+    elif tag == "enum":
+        out.append(f"{name}.{items}")
+    elif tag == "float":
+        out.append(f"float({items!r})")
+    elif isinstance(items, (str, int, float)):
+        out.append(f"{tag}({items!r})" if tag not in ("ndarray", "dataframe", "series") else f"<{tag}>")
+    else:
+        out.append(f"<{tag}>")
+    used[0] += len(out[-1])
+
+
+def _items(out: list[str], used: list[int], limit: int | None, open_: str, close: str, items: list[tuple[str, Any]]) -> None:
+    out.append(open_)
+    used[0] += len(open_)
+    for i, (prefix, value) in enumerate(items):
+        if limit is not None and used[0] > limit:
+            out.append("…")
+            break
+        if i:
+            out.append(", ")
+        out.append(prefix)
+        used[0] += len(prefix) + 2
+        _show(value, out, used, limit)
+    out.append(close)
+    used[0] += len(close)
+
+
+def changes(old: Any, new: Any, name: str = "", limit: int = 5, width: int = 60) -> list[tuple[str, str, str]]:
+    """Where two typed-JSON values differ, as (path, old, new) shown for people: a dict or list is
+    compared key by key (``results[5]: 125 → 2.5``), anything else as a whole; at most ``limit``."""
+    out: list[tuple[str, str, str]] = []
+    _changes(old, new, name, out, limit, width)
+    return out
+
+
+_MISSING = "<absent>"
+
+
+def _entries(data: Any) -> dict | None:
+    """A dict or list's entries as {key shown: value}; None for anything else."""
+    if isinstance(data, list):
+        return {f"[{i}]": v for i, v in enumerate(data)}
+    if isinstance(data, dict) and TAG not in data:
+        return {f"[{k!r}]": v for k, v in data.items()}
+    if isinstance(data, dict) and data.get(TAG) == "dict" and isinstance(data.get("v"), list):
+        return {f"[{show(p[0])}]": p[1] for p in data["v"] if isinstance(p, list) and len(p) == 2}
+    return None
+
+
+def _changes(old: Any, new: Any, path: str, out: list, limit: int, width: int) -> None:
+    if len(out) >= limit or old == new:
+        return
+    a, b = _entries(old), _entries(new)
+    if a is None or b is None or type(old) is not type(new):
+        out.append((path, _MISSING if old is _MISSING else show(old, width), _MISSING if new is _MISSING else show(new, width)))
+        return
+    for key in list(a) + [k for k in b if k not in a]:
+        if len(out) >= limit:
+            return
+        left, right = a.get(key, _MISSING), b.get(key, _MISSING)
+        if left != right:
+            if left is _MISSING or right is _MISSING:
+                out.append((path + key, _MISSING if left is _MISSING else show(left, width),
+                            _MISSING if right is _MISSING else show(right, width)))
+            else:
+                _changes(left, right, path + key, out, limit, width)

@@ -20,6 +20,8 @@ Times are the journal's strings (UTC ISO-8601); after a ``restarted`` event, ``s
 from __future__ import annotations
 
 import gc
+import hashlib
+import json
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -30,16 +32,17 @@ from typing import Any
 
 from .._html import bundle, escape, table
 from ..calls.ledger import CallRecord, Receipt, ResumeInfo, record_from_event
+from ..events import ENDINGS, Segments
 from ..stores import Store, open_store
 from .api import readable_run_id
 from .event_text import describe
 from .lifecycle import require_events
+from .values import TAG, show
 
-__all__ = ["AttemptView", "CallView", "CheckpointsView", "ForkView", "LoopView", "ParentView", "RunView",
+__all__ = ["AttemptView", "CallView", "CheckpointsView", "CopiedView", "ForkView", "LoopView", "ParentView", "RunView",
            "ToolCallView", "WaypointView", "follow_pass", "inspect_run"]
 
 ATTEMPT_ENDS = ("completed", "failed", "interrupted", "killed", "open", "imported")
-_ENDS = {"run_completed": "completed", "run_failed": "failed", "interrupted": "interrupted"}
 _DEFAULT_LOOP_NOTE = re.compile(r"processed item \d+/(\d+)")
 JOURNAL_COLUMNS = (("seq", "Int64"), ("at", "datetime64[ns, UTC]"), ("type", "string"), ("attempt", "Int64"),
                    ("call_id", "string"), ("summary", "string"))
@@ -74,11 +77,35 @@ class AttemptView:
     pid: int | None = None
     host: str | None = None
     command: tuple[str, ...] | None = None
+    kind: str = "started"  # "started" (the first), "resumed" (a later attempt) or "restarted" (--restart)
+
+
+@dataclass(frozen=True)
+class CopiedView:
+    """A fork's copied prefix: the parent's waypoints ``first``–``last`` with the parent's times (not an attempt)."""
+
+    parent: str
+    first: int | None
+    last: int | None
+    seq_from: int
+    seq_to: int
+    started_at: str | None
+    ended_at: str | None
+    waypoints: int
+    edited: tuple[str, ...] = ()
+    code_changed: str | None = None
 
 
 @dataclass(frozen=True)
 class WaypointView:
-    """A waypoint: its number, note and time; the state itself on demand (``RunView.state(n)``)."""
+    """A waypoint: its number, note and time; the state itself on demand (``RunView.state(n)``), and
+    for a notebook run its saved variables (``RunView.variables``).
+
+    ``attempt`` is 0 for a fork's copied prefix (``copied``); ``duration_s`` is the step's own
+    work: from the previous waypoint of the same attempt, or the attempt's start (never across a
+    kill or a fork); ``values_seq``: the journal seq of the event holding the variables in force
+    (None: not a notebook waypoint); ``code``: the notebook cell's source in force.
+    """
 
     n: int
     seq: int
@@ -89,6 +116,10 @@ class WaypointView:
     has_state: bool
     imported: bool = False
     names: tuple[str, ...] = ()
+    copied: bool = False
+    duration_s: float | None = None
+    values_seq: int | None = None
+    code: str | None = None
 
 
 @dataclass(frozen=True)
@@ -193,13 +224,15 @@ class ParentView:
 
 @dataclass(frozen=True)
 class CheckpointsView:
-    """The run's checkpoint log, as ``checkpoints.log_status`` reports it."""
+    """The run's checkpoint log, as ``checkpoints.log_status`` reports it: steps, status and ``latest`` (its head)
+    are the main line's; ``branches`` counts the forks made inside the log; ``checkpoints`` every commit."""
 
     checkpoints: int
     steps: int | None
     steps_done: int | None
     status: str
     latest: str | None
+    branches: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -232,6 +265,7 @@ class RunView:
     cwd: str | None = None
     commit_seqs: tuple[int, ...] = ()  # journal seqs of the DurableAgent checkpoint commits
     replays: tuple[tuple[int, int, str], ...] = ()  # (seq, attempt, call_id): a settled call answered from the journal
+    copied: CopiedView | None = None  # a fork's copied prefix (the parent's work, not an attempt)
     _events: Sequence[dict] = field(default=(), repr=False)
     _states: Mapping[int, int] = field(default_factory=dict, repr=False)
 
@@ -262,6 +296,34 @@ class RunView:
         if "state" not in event:
             raise KeyError(f"waypoint {event.get('n')} of run {self.run_id!r} holds no state (a note only)")
         return event["state"]
+
+    def variables(self, n: int | WaypointView | None = None) -> dict[str, Any]:
+        """The notebook variables saved at waypoint ``n`` (default: the latest), name -> value as
+        data: the typed JSON the cell saved (``values.show`` renders it), or for a value saved as
+        bytes (Parquet, ``.npy``, pickle) a ``{"$t": codec, "sha256": ...}`` stand-in, never loaded.
+        Empty for a waypoint of a run that saves no variables."""
+        waypoint = self._waypoint(n)
+        if waypoint is None or waypoint.values_seq is None:
+            return {}
+        names = self._events[waypoint.values_seq].get("names")
+        saved = names.get("values") if isinstance(names, dict) else None
+        return {name: saved_value(entry) for name, entry in saved.items()} if isinstance(saved, dict) else {}
+
+    def variables_shown(self, n: int | WaypointView | None = None, limit: int | None = 80) -> dict[str, str]:
+        """``variables(n)`` as people read them (``{0: 0, 1: 1}``, ``{1, 2}``), each cut to ``limit`` characters."""
+        return {name: show_value(value, limit) for name, value in self.variables(n).items()}
+
+    def _waypoint(self, n: int | WaypointView | None) -> WaypointView | None:
+        if isinstance(n, WaypointView):
+            return n
+        if n is None:
+            return self.waypoints[-1] if self.waypoints else None
+        index = self._states.get(n)
+        return None if index is None else self._by_seq.get(index)
+
+    @cached_property
+    def _by_seq(self) -> dict[int, WaypointView]:
+        return {w.seq: w for w in self.waypoints}
 
     def event(self, seq: int) -> dict:
         """The journal event at ``seq`` (a call's response, a tool's arguments...). Do not modify it."""
@@ -417,6 +479,10 @@ class _Pass:
         self.first_completed: dict | None = None  # as run_summary: anywhere in the journal
         self.last_fail_or_attempt: dict | None = None
         self.markers: dict[str, dict] = {}
+        self.segments = Segments()  # attempts, a fork's copied prefix, the identity (cell source) in force
+        self.segment_at: str | None = None  # when the current attempt (or copied parent attempt) began
+        self.values_seq: int | None = None  # index of the last event that saved notebook variables
+        self.copy: dict | None = None  # a fork's copied prefix: {"parent", "from", "to", "started_at", ...}
         self.handlers: dict[str, Callable[[int, dict], None]] = {
             "waypoint": self.on_waypoint, "progress": self.on_progress, "iterate_done": self.on_iterate_done,
             "call_started": self.on_call_started, "call_settled": self.on_call_settled,
@@ -445,14 +511,25 @@ class _Pass:
 
     # ---- attempts and endings -----------------------------------------------------------------
     def on_attempt(self, index: int, event: dict) -> None:
-        self.attempt += 1
-        self.attempts.append({"index": index, "event": event, "end": None, "end_event": None})
+        began = self.segments.feed(event)
+        self.segment_at = self.segments.started_at
+        if began == "copy":
+            origin = event["forked_from"]
+            self.copy = {"parent": origin["run_id"], "from": index, "started_at": self.segment_at}
+            return
+        if began != "attempt":
+            return  # one of the parent's attempts, inside a fork's copied prefix
+        self.attempt = self.segments.number
+        self.attempts.append({"index": index, "event": event, "end": None, "end_event": None, "restarted": False})
         if event["type"] == "attempt":
             self.failed = None
             self.last_fail_or_attempt = event
 
     def on_end(self, index: int, event: dict) -> None:  # run_completed, run_failed, interrupted
-        kind = _ENDS[event["type"]]
+        if self.segments.copying:
+            return  # how one of the parent's attempts ended
+        self._saved(index, event)
+        kind = ENDINGS[event["type"]]
         if self.attempts and self.attempts[-1]["end"] is None:
             self.attempts[-1]["end"], self.attempts[-1]["end_event"] = kind, event
         if kind == "completed":
@@ -462,6 +539,10 @@ class _Pass:
             self.failed = self.last_fail_or_attempt = event
 
     def on_restarted(self, index: int, event: dict) -> None:
+        self.segments.feed(event)
+        if self.attempts and not self.segments.copying:
+            self.attempts[-1]["restarted"] = True
+        self.values_seq = None
         self.completed = self.failed = None
         self.latest, self.states, self.loops = None, {}, {}
 
@@ -469,12 +550,24 @@ class _Pass:
         self.markers[event["type"]] = event
 
     # ---- waypoints and loops ------------------------------------------------------------------
+    def _saved(self, index: int, event: dict) -> None:
+        """Note an event that saved notebook variables (a waypoint, loop progress, the cell's end)."""
+        names = event.get("names")
+        if isinstance(names, dict) and isinstance(names.get("values"), dict):
+            self.values_seq = index
+
     def on_waypoint(self, index: int, event: dict) -> None:
-        n, names = event.get("n", 0), event.get("names")
-        values = names.get("values") if isinstance(names, dict) else None
-        waypoint = WaypointView(n, index, event["at"], event.get("note", ""), self.attempt, event.get("loop"),
+        n = event.get("n", 0)
+        self._saved(index, event)
+        values = self.events[self.values_seq]["names"]["values"] if self.values_seq is not None else None
+        at = event["at"]
+        copying = self.segments.copying
+        waypoint = WaypointView(n, index, at, event.get("note", ""), 0 if copying else self.attempt, event.get("loop"),
                                 "state" in event, bool(event.get("imported")),
-                                tuple(sorted(values)) if isinstance(values, dict) else ())
+                                tuple(sorted(values)) if isinstance(values, dict) else (), copying,
+                                _step_seconds(self.segment_at, at), self.values_seq,
+                                _str(self.segments.identity.get("cell_source")))
+        self.segment_at = at
         self.waypoints.append(waypoint)
         self.states[n] = index
         if waypoint.has_state:
@@ -485,6 +578,7 @@ class _Pass:
         self.settled_since_boundary = False
 
     def on_progress(self, index: int, event: dict) -> None:
+        self._saved(index, event)
         loop = self.loops.setdefault(event.get("loop", 0), {"total": None, "finished": False})
         loop["done"], loop["note"], loop["at"] = event.get("done", 0), event.get("note", ""), event["at"]
 
@@ -543,15 +637,30 @@ class _Pass:
 
     # ---- checkpoints and forks ----------------------------------------------------------------
     def on_checkpoint(self, index: int, event: dict) -> None:
+        """A commit: ``newest_commit`` is the head of the main line (``checkpoints.log_status``: commits not on
+        a branch forked inside this log; a fork into a new run is that run's main line)."""
         self.committed += 1
         self.commit_seqs.append(index)
-        self.newest_commit = event
+        # this run's commit ids, those on in-log branches, the branch count (kept here: built on first use)
+        line = self.__dict__.setdefault("_checkpoint_line", {"seen": set(), "off_main": set(), "branches": 0})
+        cid, parent = (value if isinstance(value, str) else None for value in (event.get("checkpoint_id"), event.get("parent")))
+        branch_root = isinstance(event.get("fork"), dict) and parent is not None and parent in line["seen"]
+        line["branches"] += branch_root
+        if branch_root or (parent is not None and parent in line["off_main"]):
+            line["off_main"].add(cid)
+        else:
+            self.newest_commit = event
+        line["seen"].add(cid)
         if _is_count(event.get("steps")):
             self.commit_steps = event["steps"]
 
     def on_forked(self, index: int, event: dict) -> None:
-        if "parent_run" in event:
-            return  # this run's own birth record: `parent` tells it
+        if "parent_run" in event:  # a birth record: this run's own (ends its copied prefix), or its parent's, copied
+            if self.segments.feed(event) == "forked" and self.copy is not None:
+                self.segment_at = self.segments.started_at
+                edited = event.get("edited")
+                self.copy.update(to=index, marker=event, edited=tuple(map(str, edited)) if isinstance(edited, list) else ())
+            return
         self.forks.append(ForkView(index, event["at"], _str(event.get("checkpoint_id")), _str(event.get("source")),
                                    _str(event.get("node_id")), _str(event.get("new_run_id"))))
 
@@ -583,7 +692,8 @@ class _Pass:
             result=None if self.completed is None else self.completed.get("result"),
             agent_id=started.get("agent_id"), imported_from=started.get("imported_from"),
             command=tuple(map(str, command)) if isinstance(command, list) else None, cwd=started.get("cwd"),
-            commit_seqs=tuple(self.commit_seqs), replays=tuple(self.replay_rows), _events=events, _states=dict(self.states),
+            commit_seqs=tuple(self.commit_seqs), replays=tuple(self.replay_rows), copied=self.copied_view(),
+            _events=events, _states=dict(self.states),
         )
 
     def status(self, started: dict, checkpoints: CheckpointsView | None) -> str:
@@ -615,8 +725,20 @@ class _Pass:
                 code=_str(end_event.get("code")) if end_event else None,
                 message=_str(end_event.get("message")) if end_event else None,
                 pid=event.get("pid") if _is_count(event.get("pid")) else None, host=_str(event.get("host")),
-                command=tuple(map(str, command)) if isinstance(command, list) else None))
+                command=tuple(map(str, command)) if isinstance(command, list) else None,
+                kind="restarted" if attempt["restarted"] else "started" if number == 1 else "resumed"))
         return tuple(views)
+
+    def copied_view(self) -> CopiedView | None:
+        copy = self.copy
+        if copy is None:
+            return None
+        stop = copy.get("to", len(self.events))
+        copied = [w for w in self.waypoints if w.copied]
+        marker = copy.get("marker") or {}
+        return CopiedView(copy["parent"], copied[0].n if copied else None, copied[-1].n if copied else None, copy["from"],
+                          stop, copy["started_at"], copied[-1].at if copied else None, len(copied), copy.get("edited", ()),
+                          _str(marker.get("code_changed")))
 
     def call_views(self, tools: Mapping[str, ToolCallView]) -> tuple[CallView, ...]:
         out = []
@@ -686,7 +808,8 @@ class _Pass:
             done = newest["step"] + 1 if _is_count(newest.get("step")) else None
         latest = newest.get("checkpoint_id")
         status = "completed" if steps is not None and done is not None and done >= steps > 0 else "pending"
-        return CheckpointsView(self.committed, steps, done, status, latest if isinstance(latest, str) else None)
+        return CheckpointsView(self.committed, steps, done, status, latest if isinstance(latest, str) else None,
+                               self.__dict__.get("_checkpoint_line", {}).get("branches", 0))
 
     def receipt(self) -> Receipt:
         """The ledger's receipt (every settled call, revalidated) with the resume facts of the next attempt."""
@@ -759,6 +882,42 @@ def _duration(start: dict, end: dict | None) -> float | None:
         return (datetime.fromisoformat(str(b)) - datetime.fromisoformat(str(a))).total_seconds()
     except (TypeError, ValueError):
         return None
+
+
+def _step_seconds(start: str | None, end: str) -> float | None:
+    """A step's own seconds, from the start of its segment (or the previous waypoint) to ``end``; never negative."""
+    if start is None:
+        return None
+    seconds = _duration({"at": start}, {"at": end})
+    return None if seconds is None else max(0.0, seconds)
+
+
+def saved_value(entry: Any) -> Any:
+    """One saved variable as data: its typed JSON (new journals hold it as ``value``; older ones as
+    JSON text in ``data``), or a stand-in naming the codec and digest for bytes (never decoded)."""
+    if not isinstance(entry, dict):
+        return {TAG: "damaged"}
+    codec = entry.get("codec")
+    if codec in ("json", "typed") and "value" in entry:
+        return entry["value"]
+    if codec in ("json", "typed") and isinstance(entry.get("data"), str):
+        try:
+            return json.loads(entry["data"])
+        except ValueError:
+            return {TAG: "damaged"}
+    digest = entry.get("object")
+    if not isinstance(digest, str) and isinstance(entry.get("data"), str):
+        digest = hashlib.sha256(entry["data"].encode()).hexdigest()
+    return {TAG: str(codec), "sha256": digest}
+
+
+def show_value(value: Any, limit: int | None = 80) -> str:
+    """A saved variable (``saved_value``) as people read it; a bytes stand-in as ``<pickled value, not loaded>``."""
+    if isinstance(value, dict) and set(value) == {TAG, "sha256"}:
+        kind = {"pickle": "pickled value, not loaded", "parquet": "DataFrame (Parquet)", "ndarray": "NumPy array (.npy)",
+                "dataframe": "DataFrame"}.get(str(value[TAG]), f"{value[TAG]} value")
+        return f"<{kind} {str(value['sha256'])[:12]}>"
+    return show(value, limit)
 
 
 def _clock(at: str) -> float:
