@@ -77,8 +77,27 @@ def _progress(row: dict) -> str:
     return f"{row['waypoints']} waypoint(s)"
 
 
-def _format_waypoint(n: int, note: str, state: Any) -> str:
-    return f"waypoint {n}\n\n{note}\n\nstate: {json.dumps(state, ensure_ascii=False)}"
+def _format_waypoint(view: RunView, w: Any) -> str:
+    """A waypoint for people: its note, and a notebook run's variables (else the state it holds)."""
+    text = f"waypoint {w.n}\n\n{w.note}"
+    if w.values_seq is not None:
+        shown = view.variables_shown(w, limit=160)
+        return text + "\n\nvariables:" + "".join(f"\n  {name} = {value}" for name, value in shown.items())
+    return text + (f"\n\nstate: {json.dumps(view.state(w), ensure_ascii=False)}" if w.has_state else "")
+
+
+def _format_copied(view: RunView) -> str:
+    """Where a fork came from: the parent's waypoints it copied, what it edited, its code change."""
+    copied = view.copied
+    if copied is None:
+        return ""
+    span = f"waypoints {copied.first}–{copied.last}" if copied.waypoints else "no waypoints"
+    line = f"forked from {copied.parent}: {span} copied with the parent's times"
+    if copied.edited:
+        line += f"; edited in this fork: {', '.join(copied.edited)}"
+    if copied.code_changed:
+        line += "; cell code changed:\n" + "\n".join("  " + ln for ln in copied.code_changed.splitlines())
+    return line
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -89,19 +108,23 @@ def cmd_show(args: argparse.Namespace) -> int:
     summary = view.as_summary()
     if args.json:
         summary["attempt_history"] = [_attempt_dict(a) for a in view.attempts]
+        if view.latest is not None and view.latest.values_seq is not None:
+            summary["latest"]["variables"] = view.variables(view.latest)
         if args.all:
             summary["history"] = [
-                {"n": w.n, "note": w.note, "at": w.at, **({"state": view.state(w)} if w.has_state else {})}
+                {"n": w.n, "note": w.note, "at": w.at, **({"state": view.state(w)} if w.has_state else {}),
+                 **({"variables": view.variables(w)} if w.values_seq is not None else {})}
                 for w in view.waypoints
             ]
         _print_json(summary)
         return 0
+    if view.copied is not None:
+        print(_format_copied(view) + "\n")
     if args.all:
-        blocks = [_format_waypoint(w.n, w.note, view.state(w)) if w.has_state else f"waypoint {w.n}\n\n{w.note}"
-                  for w in view.waypoints]
+        blocks = [_format_waypoint(view, w) for w in view.waypoints]
         print(("\n\n" + "-" * 40 + "\n\n").join(blocks))
     elif view.latest is not None:
-        print(_format_waypoint(view.latest.n, view.latest.note, view.state(view.latest)))
+        print(_format_waypoint(view, view.latest))
     for loop, done in sorted(summary["items_done"].items()):
         print(f"\nitems done: {done} (resumable_iterate loop {loop})")
     checkpoints = view.checkpoints
@@ -125,7 +148,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def _attempt_dict(attempt: AttemptView) -> dict[str, Any]:
-    return {"attempt": attempt.number, "started_at": attempt.started_at, "end": attempt.end,
+    return {"attempt": attempt.number, "kind": attempt.kind, "started_at": attempt.started_at, "end": attempt.end,
             "ended_at": attempt.ended_at, "last_event_at": attempt.last_event_at,
             **({"code": attempt.code, "message": attempt.message} if attempt.end == "failed" else {})}
 
@@ -142,7 +165,8 @@ def _format_attempts(view: RunView) -> str:
             "open": f"open: running, or killed and not resumed yet (last event {a.last_event_at})",
             "imported": f"imported from {view.imported_from or 'an older caravanserai'} (how it ended was not recorded)",
         }.get(a.end, a.end)
-        lines.append(f"  {a.number}. started {a.started_at}: {how}")
+        began = {"restarted": "restarted", "resumed": "resumed"}.get(a.kind, "started")
+        lines.append(f"  {a.number}. {began} {a.started_at}: {how}")
     return "\n".join(lines)
 
 
@@ -204,6 +228,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
             f"run {run_id!r} already completed at {events[-1]['at']}; nothing to resume (use --force to run it again)",
             run_id=run_id,
         )
+    if any(e["type"] == "checkpoint_committed" for e in events):  # a DurableAgent run: its log's pending steps
+        from .checkpoints.runner import resume_log_run
+
+        return resume_log_run(run_id, store)
     launches = [e for e in events if e["type"] in ("run_started", "attempt") and (e.get("orig_argv") or e.get("command"))]
     if not launches:
         raise ResumeError(

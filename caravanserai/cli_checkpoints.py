@@ -106,7 +106,9 @@ def cmd_fork(args: argparse.Namespace) -> int:
                 state = {"state": json.loads(args.state)}
             except ValueError:
                 raise UsageError(f"--state must be JSON, got {args.state[:60]!r}") from None
-        print(fork(args.run_id, at=args.at, new_run_id=args.new_id, store=store, **state))
+        child = fork(args.run_id, at=args.at, new_run_id=args.new_id, store=store, **state)
+        print(child)  # the first line alone: the new run's id, for scripts
+        print(next_step(child, store, args.store))
         return 0
     if args.checkpoint is None or args.node is None or args.value is None:
         raise UsageError("fork needs --at N (a run's waypoint) or CHECKPOINT NODE VALUE (a DurableAgent checkpoint)")
@@ -119,8 +121,29 @@ def cmd_fork(args: argparse.Namespace) -> int:
                              "quote it, e.g. '[1, 2]' or '\"text\"'") from None
     log = CheckpointLog(store, readable_run_id(args.run_id, store))
     new_id = log.fork(args.checkpoint, args.node, value, new_run_id=args.new_run)
-    print(new_id)
+    print(new_id)  # the first line alone: the new checkpoint's id, for scripts
+    if args.new_run:
+        import shlex
+
+        store_arg = f" --store {shlex.quote(args.store)}" if args.store else ""
+        print(f"new run {args.new_run} (forked from {log.run_id}); run its remaining steps with:\n"
+              f"  caravanserai resume {shlex.quote(args.new_run)}{store_arg}")
     return 0
+
+
+def next_step(run_id: str, store: Any, store_arg: str | None = None) -> str:
+    """What to run to continue a fork made from a waypoint: the notebook cell's magic line, or the command."""
+    import shlex
+
+    from .runs.view import inspect_run
+
+    view = inspect_run(run_id, store)
+    copied = view.copied
+    where = f"forked from {copied.parent} at waypoint {copied.last}" if copied else "forked"
+    flag = f" --store {shlex.quote(store_arg)}" if store_arg else ""
+    if any(w.values_seq is not None for w in view.waypoints):
+        return f"new run {run_id} ({where}); continue it in the notebook with the cell line:\n  %%resumable {run_id}{flag}"
+    return f"new run {run_id} ({where}); continue it with:\n  caravanserai resume {shlex.quote(run_id)}{flag}"
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
@@ -146,7 +169,10 @@ def cmd_diff(args: argparse.Namespace) -> int:
         if folded or (args.only_diff and step["same"]):
             continue
         mark = "=" if step["same"] else "≠"
-        shown = [_short(v) for v in step["values"]]
+        if not step["same"] and any(step["changes"][1:]):  # a notebook step: what changed, not the whole state
+            shown = [_changed(changes) for changes in step["changes"][1:]]
+        else:
+            shown = [_short(v) for v in step["texts"]]
         line = f"  {mark} step {step['step']:>3}  " + (shown[0] if step["same"] else "  |  ".join(shown))
         print(line + _deltas(step) + ("   <- first divergence" if step["step"] == first else ""))
     if first is not None:
@@ -179,13 +205,22 @@ def _deltas(step: dict) -> str:
 
 
 def _print_divergence(refs: list[str], step: dict) -> None:
-    """The first divergent step, word by word against the first timeline: [-removed-] {+added+}."""
+    """The first divergent step against the first timeline: a notebook step's changed variables
+    (``results[5]: 125 → 2.5``) and cell code, else word by word: [-removed-] {+added+}."""
     from .checkpoints.timelines import step_text, word_diff
 
     base = step["cells"][0] or {}
-    print(f"\nstep {step['step']}, word by word against {refs[0]}:")
+    print(f"\nstep {step['step']} against {refs[0]}:")
     for i, ref in enumerate(refs[1:], start=1):
         cell = step["cells"][i] or {}
+        if step["changes"][i]:
+            for change in step["changes"][i]:
+                if "diff" in change:
+                    print(f"  {ref} cell code changed:")
+                    print("\n".join("    " + line for line in change["diff"].splitlines()))
+                else:
+                    print(f"  {ref} {change['path']}: {change['old']} → {change['new']}")
+            continue
         for name, old, new in (("prompt", base.get("prompt"), cell.get("prompt")),
                                ("note", base.get("note"), cell.get("note")),
                                ("value", step_text(step["values"][0]), step_text(step["values"][i]))):
@@ -196,8 +231,14 @@ def _print_divergence(refs: list[str], step: dict) -> None:
             print(f"  {ref} {name}: {marked}")
 
 
-def _short(value: Any, width: int = 60) -> str:
-    text = "-" if value is None else json.dumps(value, ensure_ascii=False)
+def _changed(changes: list[dict], width: int = 90) -> str:
+    """A notebook step's changes against the baseline in one line: ``results[5]: 125 → 2.5; cell code``."""
+    parts = ["cell code" if "diff" in c else f"{c['path']}: {c['old']} → {c['new']}" for c in changes]
+    return _short("; ".join(parts) or "same variables", width)
+
+
+def _short(value: str | None, width: int = 60) -> str:
+    text = "-" if value is None else value
     return text if len(text) <= width else text[: width - 3] + "..."
 
 

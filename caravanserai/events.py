@@ -50,7 +50,7 @@ class Segments:
     any attempt); ``copying``: inside a fork's copied prefix; ``identity``: the identity fields in
     force; ``started_at``: when the current segment (attempt, or a copied parent attempt) began,
     so a step's duration never spans a kill or the gap between a parent and its fork.
-    ``restarted``: the current attempt ran ``--restart``.
+    ``restarted``: the current attempt ran ``--restart``. ``parent``: the run this one was forked from.
     """
 
     __slots__ = ("copying", "identity", "number", "parent", "restarted", "started_at")
@@ -87,6 +87,8 @@ class Segments:
         if etype == "restarted":
             self.identity = {**self.identity, **_identity(event)}
             self.restarted = not self.copying
+        elif etype == "cell_edited":  # a fork's cell edited before the fork's first attempt ran
+            self.identity = {**self.identity, **_identity(event)}
         elif etype == "forked" and "parent_run" in event:
             self.identity = {**self.identity, **_identity(event)}
             if self.copying and event["parent_run"] == self.parent:

@@ -23,7 +23,7 @@ from caravanserai.cli import ArgumentParser
 from caravanserai.errors import CellChanged
 from caravanserai.errors import UsageError as CaravanseraiUsageError
 from caravanserai.journal import digest
-from caravanserai.runs.fork import fork
+from caravanserai.runs.fork import code_diff, fork
 from caravanserai.runs.lifecycle import RunScope
 from caravanserai.runs.snapshots import Snapshotter, store_trusted
 from caravanserai.stores import open_store
@@ -197,17 +197,26 @@ class CellRun:
             self.scope.__exit__(*sys.exc_info())
             raise
         self.scope.ending = True
-        self.status = StatusLine(self.shell, run, resumed=not self.args.restart and (bool(self.restored) or run.attempt > 1),
-                                 restored=self.restored, completed=not self.execute, snapshot=self.snapshot)
+        self.status = StatusLine(self.shell, run, how=self._how(run), restored=self.restored, completed=not self.execute,
+                                 snapshot=self.snapshot)
         self._tee = _Tee(sys.stdout)
         sys.stdout = self._tee
         return self
+
+    def _how(self, run: Any) -> str | None:
+        """How this attempt began, for the status line: restarted, a fork's first attempt, resumed, or None (new)."""
+        if self.args.restart:
+            return "restarted"
+        origin = run.segments.parent
+        if origin is not None and run.attempt == 1:
+            return f"forked from {origin}"
+        return "resumed" if self.restored or run.attempt > 1 else None
 
     def _prepare(self, run: Any, store: Any, definition: str) -> None:
         """Check the cell's source against the run's, restart it if asked, put its variables back."""
         events = run.opened_events
         if events and not self.args.restart:
-            _check_source(run.run_id, events, definition, self.source)
+            _check_source(run, definition, self.source)
         run.describe(cell_source=self.source, definition_sha256=definition)
         if self.args.restart and events:
             run.append({"type": "restarted", "definition_sha256": definition, "cell_source": self.source})
@@ -283,37 +292,38 @@ class CellRun:
             self.status.update(announce=True)
 
 
-def _check_source(run_id: str, events: list[dict], definition: str, source: str) -> None:
-    started = events[0]
-    for event in events:
-        if event["type"] == "restarted":
-            started = {**started, **event}
-        elif event["type"] == "forked" and "definition_sha256" in event:  # a fork made under this cell's source
-            started = {**started, "definition_sha256": event["definition_sha256"],
-                       "cell_source": event.get("cell_source")}
-    if started.get("definition_sha256") in (None, definition):
+def _check_source(run: Any, definition: str, source: str) -> None:
+    """Refuse a cell edited in the middle of its own run (CellChanged); a fork whose own first attempt
+    has not run yet takes the edit (a what-if may change the code) and records the diff."""
+    identity = run.segments.identity
+    if identity.get("definition_sha256") in (None, definition):
         return
-    old = (started.get("cell_source") or "").splitlines()
-    diff = [line for line in difflib.unified_diff(old, source.splitlines(), "started with", "now", lineterm="", n=0)
+    old = identity.get("cell_source") or ""
+    if run.segments.parent is not None and run.segments.number == 0:
+        run.append({"type": "cell_edited", "definition_sha256": definition, "cell_source": source,
+                    "code_changed": code_diff(old, source)})
+        return
+    diff = [line for line in difflib.unified_diff(old.splitlines(), source.splitlines(), "started with", "now",
+                                                  lineterm="", n=0)
             if not line.startswith(("---", "+++", "@@"))][:6]
     changed = "; ".join(diff) or "the cell's source"
     raise CellChanged(
-        f"run {run_id!r} was started by a different version of this cell ({changed}): use "
-        f"`%%resumable {run_id} --fork NEW_ID` to continue from its last waypoint under a new id, or "
-        f"`%%resumable {run_id} --restart` to start it again",
-        run_id=run_id, field="definition_sha256",
+        f"run {run.run_id!r} was started by a different version of this cell ({changed}): use "
+        f"`%%resumable {run.run_id} --fork NEW_ID` to continue from its last waypoint under a new id, or "
+        f"`%%resumable {run.run_id} --restart` to start it again",
+        run_id=run.run_id, field="definition_sha256",
     )
 
 
 class StatusLine:
     """One line under the cell, updated in place: waypoints, last note, calls, tokens, cost, resume."""
 
-    def __init__(self, shell: Any, run: Any, *, resumed: bool, restored: set[str], completed: bool,
+    def __init__(self, shell: Any, run: Any, *, how: str | None, restored: set[str], completed: bool,
                  snapshot: Any = None) -> None:
         self.run = run
         self.snapshot = snapshot
         self.announced: tuple = ((), ())
-        self.resumed = resumed
+        self.how = how
         self.restored = sorted(restored)
         self.completed = completed
         self.rich = shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
@@ -336,8 +346,8 @@ class StatusLine:
         parts = [f"[caravanserai] {run.run_id}"]
         if self.completed:
             parts.append("completed earlier: output re-shown, nothing recomputed")
-        elif self.resumed:
-            parts.append(f"resumed (attempt {run.attempt}"
+        elif self.how:
+            parts.append(f"{self.how} (attempt {run.attempt}"
                          + (f", restored {', '.join(self.restored)}" if self.restored else "") + ")")
         parts.append(f"{run.waypoint_count} waypoint(s)")
         done = sum(run.progress_done.values())

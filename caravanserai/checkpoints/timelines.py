@@ -23,7 +23,8 @@ from typing import Any
 from ..errors import UsageError
 from ..runs.api import readable_run_id
 from ..runs.lifecycle import require_events
-from ..runs.view import RunView
+from ..runs.values import changes
+from ..runs.view import RunView, show_value
 from ..stores import Store, open_store
 
 __all__ = ["Comparison", "Step", "compare", "parse_ref", "resolve_ref", "step_text", "timeline", "word_diff"]
@@ -45,10 +46,19 @@ class Step:
     tokens: int | None = None
     usd: float | None = None
     latency_s: float | None = None
+    variables: dict[str, Any] | None = None  # a notebook waypoint's saved variables (name -> typed JSON)
+    code: str | None = None  # the notebook cell's source that computed it
 
     def key(self) -> str:
-        """What two steps must share to be the same step (prompt, note and value)."""
-        return json.dumps([self.prompt, self.note, self.value], sort_keys=True, ensure_ascii=False, default=repr)
+        """What two steps must share to be the same step (prompt, note, value, variables and code)."""
+        return json.dumps([self.prompt, self.note, self.value, self.variables, self.code], sort_keys=True,
+                          ensure_ascii=False, default=repr)
+
+    def text(self, limit: int | None = 80) -> str:
+        """The step's value as people read it: a notebook step's variables (``results = {0: 0, …}``), else ``step_text``."""
+        if self.variables is not None:
+            return "; ".join(f"{name} = {show_value(value, limit)}" for name, value in sorted(self.variables.items()))
+        return step_text(self.value)
 
 
 @dataclass
@@ -87,23 +97,46 @@ def resolve_ref(ref: Any, store: Store) -> str:
     return f"{run}@{checkpoint}" if checkpoint else run
 
 
+class TimelineSteps(list):
+    """``timeline``'s steps (a list of ``Step``), naming what they show: ``checkpoint`` is the full id of the
+    DurableAgent checkpoint read (None for waypoints), ``main_line`` whether it is the head of the run's
+    main line (a plain ``RUN``), ``label`` e.g. ``ticket-42@3f2a9c1b0d4e (main line)``."""
+
+    def __init__(self, steps: Any = (), run_id: str = "", checkpoint: str | None = None, main_line: bool = False):
+        super().__init__(steps)
+        self.run_id, self.checkpoint, self.main_line = run_id, checkpoint, main_line
+
+    @property
+    def label(self) -> str:
+        if self.checkpoint is None:
+            return self.run_id
+        return f"{self.run_id}@{self.checkpoint[:12]}" + (" (main line)" if self.main_line else "")
+
+
 def timeline(ref: str, store: Store | str | None = None, *, log: Any = None) -> list[Step]:
     """The steps of ``ref`` (``RUN`` or ``RUN@CHECKPOINT``): DurableAgent steps if it has a checkpoint log, else waypoints.
 
+    A plain ``RUN`` with a checkpoint log means the head of its main line (``log_status``: not a branch
+    forked inside the log, even when that branch was committed last). The list returned is a
+    ``TimelineSteps``: its ``checkpoint`` and ``label`` say which checkpoint was read.
     ``log``: the run's ``CheckpointLog`` to read through, so a caller that asks again (a live
     panel) reuses the checkpoints it already rebuilt and verified.
     """
+    from .log import log_status
+
     store = open_store(store)
     run_id, checkpoint = parse_ref(ref)
     events = require_events(run_id, store)
-    committed = [e for e in events if e["type"] == "checkpoint_committed"]
-    if committed or checkpoint:
-        return _agent_steps(store, run_id, checkpoint or committed[-1]["checkpoint_id"], log)
-    return _waypoint_steps(RunView.from_events(run_id, events))
+    status = log_status(events)
+    head = status["latest"] if status else None
+    target = checkpoint or head
+    if target:
+        return _agent_steps(store, run_id, target, log, main_head=head)
+    return TimelineSteps(_waypoint_steps(RunView.from_events(run_id, events)), run_id)
 
 
-def _agent_steps(store: Store, run_id: str, checkpoint: str, log: Any = None) -> list[Step]:
-    from .agent import FakeBackend, prompt_id, step_id
+def _agent_steps(store: Store, run_id: str, checkpoint: str, log: Any = None, main_head: str | None = None) -> list[Step]:
+    from .agent import KV_ENTRY_BACKENDS, FakeBackend, prompt_id, step_id
     from .log import CheckpointLog
 
     log = log if log is not None and log.run_id == run_id else CheckpointLog(store, run_id)
@@ -111,18 +144,18 @@ def _agent_steps(store: Store, run_id: str, checkpoint: str, log: Any = None) ->
     data = log.load_data(head)
     values, steps = data.header["values"], data.header["steps"]
     usage = step_usage(store, run_id, head)
-    fake = data.header["backend"] == "fake"
+    fake = data.header["backend"] in KV_ENTRY_BACKENDS
     out = []
     for i in range(steps):
         output = values.get(step_id(i))
         figures = usage.get(i, {})
         tokens = figures.get("tokens")
-        if tokens is None and fake and step_id(i) in data.kv:  # the fake backend's KV holds one entry per token
+        if tokens is None and fake and step_id(i) in data.kv:  # the fake and text backends' KV: one entry per token
             tokens = len(data.kv[step_id(i)]) // FakeBackend.ENTRY_BYTES
         out.append(Step(i + 1, f"step {i + 1}", output, prompt=values.get(prompt_id(i)),
                         tokens=tokens if output is not None else None,
                         latency_s=figures.get("latency_s") if output is not None else None))
-    return out
+    return TimelineSteps(out, run_id, head, head == main_head)
 
 
 def step_usage(store: Store, run_id: str, head: str) -> dict[int, dict]:
@@ -173,13 +206,14 @@ def _node_step(node_id: str) -> int | None:
 def _waypoint_steps(view: RunView) -> list[Step]:
     """One step per waypoint number (the last waypoint of that number wins: numbering restarts after --restart).
 
-    A step's calls are those journaled after the previous waypoint; its latency is the time from
-    the previous waypoint (or the run's start).
+    A step's calls are those journaled after the previous waypoint; its latency is its own work
+    (``WaypointView.duration_s``: never across a kill or a fork). A notebook run's step is its saved
+    variables and the cell's code; any other run's is the waypoint's state.
     """
     latest = {w.n: w for w in view.waypoints}
     ordered = sorted(latest.values(), key=lambda w: w.n)
     calls = sorted(view.calls, key=lambda c: c.seq)
-    out, previous_seq, previous_at, k = [], 0, view.attempts[0].started_at if view.attempts else None, 0
+    out, previous_seq, k = [], 0, 0
     for w in ordered:
         mine = []
         while k < len(calls) and calls[k].seq <= w.seq:
@@ -188,24 +222,14 @@ def _waypoint_steps(view: RunView) -> list[Step]:
             k += 1
         models = [c for c in mine if c.kind == "model" and c.status == "settled"]
         priced = [c.usd for c in models if c.usd is not None]
-        event = view.event(w.seq)
-        out.append(Step(w.n, w.note, event.get("state"), note=w.note,
+        notebook = w.values_seq is not None
+        variables = view.variables(w) if notebook else None
+        out.append(Step(w.n, w.note, variables if notebook else view.event(w.seq).get("state"), note=w.note,
                         tokens=sum(c.total_tokens or 0 for c in models),
                         usd=round(sum(priced), 9) if len(priced) == len(models) else None,
-                        latency_s=_seconds(previous_at, w.at)))
-        previous_seq, previous_at = w.seq, w.at
+                        latency_s=w.duration_s, variables=variables, code=w.code if notebook else None))
+        previous_seq = w.seq
     return out
-
-
-def _seconds(start: str | None, end: str | None) -> float | None:
-    from datetime import datetime
-
-    if not start or not end:
-        return None
-    try:
-        return round((datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds(), 6)
-    except ValueError:
-        return None
 
 
 def compare(*timelines: tuple[str, list[Step]]) -> Comparison:
@@ -226,6 +250,8 @@ def compare(*timelines: tuple[str, list[Step]]) -> Comparison:
         same = base is not None and all(c is not None and _same(c, base) for c in cells[1:])
         result.steps.append({"step": number, "same": same,
                              "values": [c.value if c else None for c in cells],
+                             "texts": [c.text() if c else None for c in cells],
+                             "changes": [_changes(c, base) if c and base and i else [] for i, c in enumerate(cells)],
                              "labels": [c.label if c else None for c in cells],
                              "cells": [_cell(c, base) if c else None for c in cells]})
         if result.first_divergence is None:
@@ -238,12 +264,33 @@ def compare(*timelines: tuple[str, list[Step]]) -> Comparison:
 
 def _same(a: Step, b: Step) -> bool:
     """The same step: == first (unequal values differ as JSON too), then exactly (== takes 1 for True or 1.0)."""
-    return a.prompt == b.prompt and a.note == b.note and a.value == b.value and a.key() == b.key()
+    return (a.prompt == b.prompt and a.note == b.note and a.value == b.value and a.code == b.code
+            and a.variables == b.variables and a.key() == b.key())
+
+
+def _changes(step: Step, base: Step) -> list[dict]:
+    """What differs in a notebook step against the baseline's: each variable's changed entries
+    (``{"name", "path", "old", "new"}``) and the cell's code (``{"name": "cell code", "diff"}``)."""
+    if step.variables is None and base.variables is None:
+        return []
+    out: list[dict] = []
+    if step.code != base.code and step.code is not None and base.code is not None:
+        diff = difflib.unified_diff(base.code.splitlines(), step.code.splitlines(), "baseline", "this", lineterm="", n=1)
+        out.append({"name": "cell code", "diff": "\n".join(diff)})
+    mine, theirs = step.variables or {}, base.variables or {}
+    for name in sorted(set(mine) | set(theirs)):
+        if name not in mine or name not in theirs:
+            out.append({"name": name, "path": name, "old": show_value(theirs[name]) if name in theirs else "<absent>",
+                        "new": show_value(mine[name]) if name in mine else "<absent>"})
+            continue
+        for path, old, new in changes(theirs[name], mine[name], name):
+            out.append({"name": name, "path": path, "old": old, "new": new})
+    return out
 
 
 def _cell(step: Step, base: Step | None) -> dict:
     cell = {"label": step.label, "prompt": step.prompt, "note": step.note, "tokens": step.tokens, "usd": step.usd,
-            "latency_s": step.latency_s}
+            "latency_s": step.latency_s, "code": step.code}
     for name in ("tokens", "usd", "latency_s"):
         mine, theirs = cell[name], getattr(base, name) if base is not None else None
         cell[f"d_{name}"] = None if mine is None or theirs is None else round(mine - theirs, 9)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from ..checkpoints.log import CheckpointLog
-from ..checkpoints.timelines import Comparison, compare, parse_ref, resolve_ref, step_text, timeline, word_diff
+from ..checkpoints.timelines import Comparison, compare, parse_ref, resolve_ref, timeline, word_diff
 from ..errors import UsageError
 from ..stores import Store, open_store
 from .source import Source
@@ -101,17 +101,19 @@ class CompareSource(Source):
             return {"kind": "shared", "first": first, "last": first + result.shared_prefix - 1,
                     "count": result.shared_prefix}
         step = result.steps[index]
-        base = step_text(step["values"][0])
+        base = step["texts"][0] or ""
         cells: list[dict[str, Any]] = []
         for i, cell in enumerate(step["cells"]):
             if cell is None:
                 cells.append({"missing": True})
                 continue
-            text = step_text(step["values"][i])
+            text = step["texts"][i] or ""
             ops = [("=", text)] if i == 0 or step["same"] else word_diff(base, text)
+            first = step["cells"][0]
             cells.append({**{k: cell[k] for k in ("tokens", "usd", "latency_s", "d_tokens", "d_usd", "d_latency_s")},
-                          "text": clip_diff(ops), "prompt_changed": cell["prompt"] != step["cells"][0]["prompt"]
-                          if step["cells"][0] else False, "note": cell["note"]})
+                          "text": clip_diff(ops), "prompt_changed": cell["prompt"] != first["prompt"] if first else False,
+                          "code_changed": cell["code"] != first["code"] if first else False,
+                          "changed": [c["path"] for c in step["changes"][i] if "path" in c][:5], "note": cell["note"]})
         return {"kind": "step", "step": step["step"], "same": step["same"],
                 "first": step["step"] == result.first_divergence, "cells": cells}
 
@@ -129,12 +131,16 @@ class CompareSource(Source):
             if cell is None:
                 columns.append({"run": ref, "missing": True})
                 continue
-            parts = {}
+            parts: dict[str, Any] = {}
             for name, old, new in (("prompt", base.get("prompt"), cell["prompt"]), ("note", base.get("note"), cell["note"]),
-                                   ("output", step_text(step["values"][0]), step_text(step["values"][i]))):
+                                   ("output", step["texts"][0], step["texts"][i])):
                 if new is None and old is None:
                     continue
                 parts[name] = [list(op) for op in (word_diff(old or "", new or "") if i else [("=", new or "")])]
+            changes = step["changes"][i]
+            if changes:  # a notebook step: which variables changed, old → new, and the cell's code diff
+                parts["changes"] = [c for c in changes if "path" in c]
+                parts["code_diff"] = next((c["diff"] for c in changes if "diff" in c), None)
             columns.append({"run": ref, **parts, **{k: cell[k] for k in ("tokens", "usd", "latency_s", "d_tokens",
                                                                          "d_usd", "d_latency_s")}})
         verdict = "the same in every timeline" if step["same"] else "different"

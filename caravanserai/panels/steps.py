@@ -9,6 +9,7 @@ notebook continues it (``%%resumable NEW``). Every check runs before anything is
 
 from __future__ import annotations
 
+import ast
 import json
 import threading
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from ..checkpoints.timelines import Step, step_text, timeline
 from ..errors import NoSuchWaypoint, RunExists, UsageError
 from ..ids import validate_run_id
 from ..runs.fork import fork
+from ..runs.view import show_value
 from ..stores import Store
 from .lineage import log_ref
 from .source import Source, one_line, pretty
@@ -73,8 +75,10 @@ class StepsSource(Source):
                             "output": _preview(step_text(step.value)), "done": step.value is not None,
                             "tokens": step.tokens, "latency_s": step.latency_s})
             else:
+                shown = step.text(limit=PREVIEW) if step.variables is not None else \
+                    json.dumps(step.value, ensure_ascii=False, default=repr)
                 out.append({"kind": "waypoint", "index": index, "step": step.step, "note": _preview(step.note or ""),
-                            "state": _preview(json.dumps(step.value, ensure_ascii=False, default=repr))})
+                            "state": _preview(shown)})
         return out
 
     def detail(self, index: int) -> dict:
@@ -84,6 +88,11 @@ class StepsSource(Source):
                              if step.step > 1 else "step 1: edit its prompt and fork — every step runs again",
                     "step": step.step, "edit": "prompt", "editable": step.prompt or "",
                     "output": step_text(step.value), "tokens": step.tokens}
+        if step.variables is not None:
+            return {"title": f"waypoint {step.step}: edit the cell's variables and fork — the new run starts here, "
+                             "then run its cell (edited or not)",
+                    "step": step.step, "edit": "variables", "editable": editable_variables(step.variables),
+                    "note": step.note or ""}
         return {"title": f"waypoint {step.step}: edit its state (JSON) and fork — the new run starts here",
                 "step": step.step, "edit": "state", "editable": pretty(step.value), "note": step.note or ""}
 
@@ -116,6 +125,11 @@ def fork_step(source: StepsSource, step: int, text: str, new_run_id: str | None 
             raise RunExists(f"run {new_run_id!r} already exists in {source.store.url}: fork into a new run id "
                             "(nothing was written)", run_id=new_run_id)
     if not source.agent:
+        chosen = next((s for s in source.steps if s.step == step), None)
+        if chosen is not None and chosen.variables is not None:
+            variables = parse_variables(text)
+            child = fork(source.run_id, at=step, new_run_id=new_run_id, store=source.store, variables=variables)
+            return Forked(child, source.run_id, step, None, step, 0)
         try:
             state = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -133,6 +147,46 @@ def fork_step(source: StepsSource, step: int, text: str, new_run_id: str | None 
     checkpoint = source.log.fork(source.head, prompt_id(step - 1), text, new_run_id=child)
     reused = source.steps[: step - 1]
     return Forked(child, source.run_id, step, checkpoint, len(reused), sum(s.tokens or 0 for s in reused))
+
+
+def editable_variables(variables: dict[str, Any]) -> str:
+    """A notebook waypoint's variables as the lines the fork box edits: ``name = value`` in Python's
+    notation; a value that is not plain data (a DataFrame, a pickled object) as a comment, kept as it is."""
+    lines = []
+    for name, value in sorted(variables.items()):
+        shown = show_value(value, None)
+        literal = shown if not shown.startswith("<") else None
+        if literal is not None:
+            try:
+                ast.literal_eval(literal)
+            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                literal = None
+        lines.append(f"{name} = {literal}" if literal is not None else f"# {name} = {shown[:80]} (not editable here: kept)")
+    return "\n".join(lines)
+
+
+def parse_variables(text: str) -> dict[str, Any]:
+    """``name = value`` lines (Python literals only: numbers, strings, lists, dicts, sets, tuples,
+    True/False/None) as {name: value}; nothing is evaluated. A one-line UsageError otherwise."""
+    if not isinstance(text, str):
+        raise UsageError(f"the variables are text (name = value lines), got {type(text).__name__}")
+    try:
+        tree = ast.parse(text)
+    except SyntaxError as exc:
+        raise UsageError(f"line {exc.lineno} of the variables is not Python ({exc.msg}); fix it and fork again "
+                         "(nothing was written)") from None
+    out: dict[str, Any] = {}
+    for node in tree.body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            raise UsageError(f"line {node.lineno} of the variables is not `name = value`; fix it and fork again "
+                             "(nothing was written)")
+        name = node.targets[0].id
+        try:
+            out[name] = ast.literal_eval(node.value)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            raise UsageError(f"{name} on line {node.lineno} is not a value (only literals: numbers, strings, lists, dicts, "
+                             "sets, tuples, True/False/None); fix it and fork again (nothing was written)") from None
+    return out
 
 
 def _free_id(store: Store, base: str) -> str:

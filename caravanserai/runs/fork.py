@@ -126,6 +126,7 @@ def edit_names(saved: dict, variables: dict[str, Any], run_id: str) -> tuple[dic
     """``saved`` with ``variables`` (name -> Python value) saved in their place; the names that changed.
     A name the waypoint did not save, or a value that cannot be saved as data, is a UsageError."""
     from .snapshots import entry_for
+    from .view import saved_value
 
     values = dict(saved.get("values") or {})
     changed = []
@@ -135,7 +136,9 @@ def edit_names(saved: dict, variables: dict[str, Any], run_id: str) -> tuple[dic
             raise UsageError(f"run {run_id!r} saved no variable {name!r} at this waypoint (its variables: {known}); "
                              "edit one of those (nothing was written)")
         entry = entry_for(name, value)
-        if entry != values[name]:
+        old = values[name]
+        if entry.get("codec") != (old.get("codec") if isinstance(old, dict) else None) \
+                or to_json(entry["value"]) != to_json(saved_value(old)):
             values[name] = entry
             changed.append(name)
     return {**saved, "values": values}, changed

@@ -489,7 +489,7 @@ class _Pass:
             "call_failed": self.on_call_failed, "tool_intent": self.on_tool_intent, "tool_settled": self.on_tool_settled,
             "replayed": self.on_replayed, "turn": self.on_turn, "run_started": self.on_attempt,
             "attempt": self.on_attempt, "run_completed": self.on_end, "run_failed": self.on_end,
-            "interrupted": self.on_end, "restarted": self.on_restarted,
+            "interrupted": self.on_end, "restarted": self.on_restarted, "cell_edited": self.on_cell_edited,
             "checkpoint_committed": self.on_checkpoint, "forked": self.on_forked,
             "cancel_requested": self.on_marker, "sleep": self.on_marker,
         }
@@ -545,6 +545,11 @@ class _Pass:
         self.values_seq = None
         self.completed = self.failed = None
         self.latest, self.states, self.loops = None, {}, {}
+
+    def on_cell_edited(self, index: int, event: dict) -> None:  # a fork's cell edited: the code in force changes
+        self.segments.feed(event)
+        if self.copy is not None and isinstance(event.get("code_changed"), str):
+            self.copy["code_changed"] = event["code_changed"]
 
     def on_marker(self, index: int, event: dict) -> None:  # cancel_requested, sleep: the last one counts
         self.markers[event["type"]] = event
@@ -736,9 +741,10 @@ class _Pass:
         stop = copy.get("to", len(self.events))
         copied = [w for w in self.waypoints if w.copied]
         marker = copy.get("marker") or {}
+        code = copy.get("code_changed") or marker.get("code_changed")
         return CopiedView(copy["parent"], copied[0].n if copied else None, copied[-1].n if copied else None, copy["from"],
                           stop, copy["started_at"], copied[-1].at if copied else None, len(copied), copy.get("edited", ()),
-                          _str(marker.get("code_changed")))
+                          _str(code))
 
     def call_views(self, tools: Mapping[str, ToolCallView]) -> tuple[CallView, ...]:
         out = []
