@@ -21,6 +21,7 @@ from ._version import __version__
 from .cli_checkpoints import add_checkpoint_commands
 from .cli_proxy import add_proxy_command
 from .errors import CaravanseraiError, ResumeError, ResumeNotConfirmed, RunNotFound, UsageError
+from .events import Segments
 from .runs.api import clean, readable_run_id
 from .runs.index import age_seconds, check_index, list_runs
 from .runs.lifecycle import require_events
@@ -232,7 +233,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
         from .checkpoints.runner import resume_log_run
 
         return resume_log_run(run_id, store)
-    launches = [e for e in events if e["type"] in ("run_started", "attempt") and (e.get("orig_argv") or e.get("command"))]
+    segments = Segments()
+    launches = [e for e in events if segments.feed(e) == "attempt" and (e.get("orig_argv") or e.get("command"))]
+    if "cell_source" in segments.identity:  # a notebook cell's run: its kernel's command would not run the cell
+        raise ResumeError(f"run {run_id!r} is a notebook cell's run: continue it by running its cell as "
+                          f"`%%resumable {run_id}` (edited or not, if it is a fork that has not run yet)", run_id=run_id)
+    if not launches and segments.parent is not None:  # a fork never run: the parent's launch, pointed at the fork
+        launches = _fork_launch(run_id, segments.parent, events, store)
     if not launches:
         raise ResumeError(
             f"run {run_id!r} has no recorded command (written by {events[0].get('imported_from') or 'an old version'}); "
@@ -263,6 +270,23 @@ def cmd_resume(args: argparse.Namespace) -> int:
             f"cannot run {command[0]!r} recorded for run {run_id!r}: {exc.strerror or exc}; re-run the script by hand",
             run_id=run_id,
         ) from None
+
+
+def _fork_launch(run_id: str, parent: str, events: Sequence[dict], store: Any) -> list[dict]:
+    """A fork that never ran resumes by the command that launched its parent, with the parent's run id
+    argument replaced by the fork's; when the parent's command does not name its run id (or it was a
+    notebook cell), ResumeError says how to continue the fork instead. A fork command never runs."""
+    parent_events = require_events(parent, store)
+    segments = Segments()
+    launch = next((e for e in parent_events if segments.feed(e) == "attempt" and (e.get("orig_argv") or e.get("command"))),
+                  None)
+    command = launch and (launch.get("orig_argv") or launch.get("command"))
+    if launch is None or not isinstance(command, list) or parent not in command[1:]:
+        raise ResumeError(f"run {run_id!r} is a fork of {parent!r}, whose command does not take its run id as an "
+                          f"argument; continue it from Python with caravanserai.durable({run_id!r}) around the same code",
+                          run_id=run_id)
+    pointed = [command[0], *(run_id if word == parent else word for word in command[1:])]
+    return [{**launch, "orig_argv": pointed, "command": pointed}]
 
 
 def _store_trusted(store: Any, run_id: str) -> bool:

@@ -14,7 +14,7 @@ import json
 import os
 from typing import Any
 
-from .errors import RunNotFound, UsageError
+from .errors import UsageError
 from .runs.api import readable_run_id
 from .stores import open_store
 
@@ -74,7 +74,7 @@ def cmd_lineage(args: argparse.Namespace) -> int:
     log = CheckpointLog(store, readable_run_id(args.run_id, store))
     tips = [log.resolve(args.checkpoint)] if args.checkpoint else log.heads()
     if not tips:
-        raise RunNotFound(f"run {args.run_id!r} has no checkpoint log in {store.url}", run_id=args.run_id)
+        return _print_fork_tree(log.run_id, store, args.json)
     chains = {tip: [_record_for_people(r) for r in log.lineage(tip)] for tip in tips}
     if args.json:
         _print_json(chains)
@@ -88,6 +88,29 @@ def cmd_lineage(args: argparse.Namespace) -> int:
             step = "step   -" if rec["step"] is None else f"step {rec['step']:>3}"
             print(f"  {rec['id'][:12]}  {step}  {rec['kind']:<5} depth {rec['depth']:>2}  "
                   f"{rec['stored_bytes']} B{where}{fork}")
+    return 0
+
+
+def _print_fork_tree(run_id: str, store: Any, as_json: bool) -> int:
+    """``lineage RUN`` of a run without a checkpoint log: its fork tree (forks of waypoints, notebook forks)."""
+    from .checkpoints.lineage import lineage
+
+    nodes = lineage(run_id, store)
+    if as_json:
+        _print_json([n.to_dict() for n in nodes])
+        return 0
+    if len(nodes) < 2:
+        print(f"run {run_id!r} has no forks and no checkpoint log: fork it with `caravanserai fork {run_id} --at N`")
+        return 0
+    print(f"fork tree of {nodes[0].id}:")
+    for node in nodes:
+        where = f"from waypoint {node.point}" if node.point is not None else "root"
+        done = f"{node.steps_done} waypoint(s)" if node.steps_done is not None else ""
+        edit = f"; {node.edit}" if node.edit else ""
+        mark = "" if node.depth == 0 else "└ "
+        print(f"  {'  ' * node.depth}{mark}{node.id}  {where}{edit}  ({node.status}, {done})")
+        for line in (node.code_changed or "").splitlines()[2:]:  # the diff without its ---/+++ header
+            print(f"  {'  ' * node.depth}    {line}")
     return 0
 
 

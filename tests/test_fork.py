@@ -90,7 +90,8 @@ def test_bad_forks_write_nothing(project, parent, call, error):
 
 def test_the_cli_forks_a_run_at_a_waypoint(project, parent, capsys):
     assert main(["fork", "parent", "--at", "2", "--as", "cli-fork", "--state", '{"step": 2, "answers": ["x", "y"]}']) == 0
-    assert capsys.readouterr().out.strip() == "cli-fork"
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == "cli-fork" and printed[-1].strip() == "caravanserai resume cli-fork"  # the id, then the next step
     assert caravanserai.load_latest("cli-fork")[0] == {"step": 2, "answers": ["x", "y"]}
     assert main(["fork", "parent", "--at", "7"]) == 1
     assert "no waypoint 7" in capsys.readouterr().err
@@ -166,3 +167,44 @@ def test_resumable_from_in_a_real_kernel(tmp_path, kernel, model_server, proxy):
     started = events(tmp_path, "upper")[0]
     assert started["forked_from"]["run_id"] == "base" and started["forked_from"]["waypoint"] == 2
     assert (tmp_path / ".caravanserai" / "base" / "journal.jsonl").read_bytes() == parent_journal
+
+
+SCRIPT = """\
+import sys
+import caravanserai
+
+with caravanserai.durable(sys.argv[1]) as run:
+    state = run.state or {"step": 0}
+    for step in range(state["step"], 5):
+        state = {"step": step + 1, "by": sys.argv[1]}
+        run.checkpoint(state, f"step {step + 1}")
+print("finished", sys.argv[1], state["step"])
+"""
+
+
+def test_resume_of_a_fork_runs_the_parents_command_pointed_at_the_fork_never_the_fork_command(project):
+    import subprocess
+    import sys
+
+    (project / "steps.py").write_text(SCRIPT)
+    cli = [sys.executable, "-m", "caravanserai"]
+    subprocess.run([sys.executable, "steps.py", "base-run"], cwd=project, check=True, capture_output=True)
+    made = subprocess.run([*cli, "fork", "base-run", "--at", "2", "--as", "base-fork"], cwd=project, capture_output=True,
+                          text=True, check=True)
+    assert made.stdout.splitlines()[0] == "base-fork" and "caravanserai resume base-fork" in made.stdout
+    resumed = subprocess.run([*cli, "resume", "base-fork"], cwd=project, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "steps.py base-fork" in resumed.stdout and "finished base-fork 5" in resumed.stdout
+    view = inspect_run("base-fork")
+    assert view.status == "completed" and [a.number for a in view.attempts] == [1]
+    assert [w.n for w in view.waypoints] == [1, 2, 3, 4, 5] and view.state() == {"step": 5, "by": "base-fork"}
+    assert all(a.end != "killed" for a in view.attempts) and view.copied is not None and view.copied.last == 2
+
+    # a script that names its run id itself cannot be pointed at the fork: one line says how to continue
+    (project / "fixed.py").write_text(SCRIPT.replace("sys.argv[1]", "'fixed-run'"))
+    subprocess.run([sys.executable, "fixed.py"], cwd=project, check=True, capture_output=True)
+    subprocess.run([*cli, "fork", "fixed-run", "--at", "1", "--as", "fixed-fork"], cwd=project, check=True,
+                   capture_output=True)
+    refused = subprocess.run([*cli, "resume", "fixed-fork"], cwd=project, capture_output=True, text=True)
+    assert refused.returncode == 1 and "durable('fixed-fork')" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and inspect_run("fixed-fork").attempts == ()

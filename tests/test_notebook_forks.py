@@ -140,3 +140,17 @@ def test_forkpanel_edits_the_cells_variables_and_an_edited_cell_continues_the_fo
 def test_a_cell_edited_in_the_middle_of_its_own_run_is_still_refused(story):
     result, _ = run(LOOP.format(head="research-loop", expr="i + 1"))
     assert not result.success and type(result.error_in_exec).__name__ == "CellChanged"
+
+
+def test_the_cli_follows_notebook_forks(story):
+    tree = cli("lineage", "fork-halves")
+    assert tree.splitlines()[0] == "fork tree of research-loop:"
+    assert "└ fork-cubes  from waypoint 5; cell code changed" in tree and "+    results[i] = i / 2" in tree
+    made = cli("fork", "research-loop", "--at", "7", "--as", "cli-fork")
+    assert made.splitlines()[0] == "cli-fork" and made.splitlines()[-1].strip() == "%%resumable cli-fork"
+    resumed = subprocess.run([sys.executable, "-m", "caravanserai", "resume", "cli-fork"], capture_output=True, text=True)
+    assert resumed.returncode == 1 and "`%%resumable cli-fork`" in resumed.stderr  # never the fork command again
+    cell("cli-fork", "-i")
+    view = inspect_run("cli-fork")
+    assert view.status == "completed" and [(a.number, a.end) for a in view.attempts] == [(1, "completed")]
+    assert ip.user_ns["results"][6] == 36 and ip.user_ns["results"][7] == -7

@@ -42,6 +42,7 @@ class LineageNode:
     steps: int | None
     created_at: str | None
     head: str | None  # the checkpoint a DurableAgent timeline ends at
+    code_changed: str | None = None  # a notebook fork's cell code diff against its parent (unified diff)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -106,13 +107,17 @@ def _run_nodes(run: str, store: Store) -> list[LineageNode]:
     origin = view.parent.run_id if view.parent else None
     forked = next((e for e in events if e["type"] == "forked" and e.get("parent_run") == origin), None) if origin else None
     commits = [e for e in events if e["type"] == "checkpoint_committed" and isinstance(e.get("checkpoint_id"), str)]
-    created = view.attempts[0].started_at if view.attempts else None
+    created = view.started_at  # a fork's: when it was forked
     if not commits:
         point = forked.get("at_waypoint") if forked else None
-        edit = f"state of waypoint {point} edited" if forked and forked.get("edited") else ""
+        copied = view.copied
+        edits = [f"{', '.join(copied.edited)} edited at waypoint {point}"] if copied and copied.edited else []
+        if copied and copied.code_changed:
+            edits.append("cell code changed")
         waypoints = len({w.n for w in view.waypoints})
-        return [LineageNode(run, run, origin, 0, "run", point if origin else None, "waypoint" if origin else None, edit,
-                            view.status, waypoints, None, created, None)]
+        return [LineageNode(run, run, origin, 0, "run", point if origin else None, "waypoint" if origin else None,
+                            "; ".join(edits), view.status, waypoints, None, created, None,
+                            copied.code_changed if copied else None)]
     by_id = {e["checkpoint_id"]: e for e in commits}
     # a line's tip: no commit continues it (a fork inside the log starts a new line, its source stays a tip)
     named = {e.get("parent") for e in commits if not (isinstance(e.get("fork"), dict) and e.get("parent") in by_id)}
