@@ -99,8 +99,9 @@ class ForkPanel(ipywidgets.VBox):
             self.steps.job = dict(self.job.status)
             self.job.start()
         else:
+            hint = f"continue it: run its cell as %%resumable {forked.run_id} (edit the cell first for a what-if on the code)"
             self.steps.job = {"state": "created", "run": forked.run_id, "parent": forked.parent, "step": step,
-                              "reused": forked.reused, "hint": f"continue it with %%resumable {forked.run_id}"}
+                              "reused": forked.reused, "hint": hint}
         self.open_timeline()
         return forked
 

@@ -108,7 +108,11 @@ class CompareSource(Source):
                 cells.append({"missing": True})
                 continue
             text = step["texts"][i] or ""
-            ops = [("=", text)] if i == 0 or step["same"] else word_diff(base, text)
+            changed = [c for c in step["changes"][i] if "path" in c]
+            if changed and not step["same"]:  # a notebook step: the variables that changed, old → new
+                ops = [op for c in changed for op in (("=", f"{c['path']}: "), ("-", c["old"]), ("+", c["new"]), ("=", "  "))]
+            else:
+                ops = [("=", text)] if i == 0 or step["same"] else word_diff(base, text)
             first = step["cells"][0]
             cells.append({**{k: cell[k] for k in ("tokens", "usd", "latency_s", "d_tokens", "d_usd", "d_latency_s")},
                           "text": clip_diff(ops), "prompt_changed": cell["prompt"] != first["prompt"] if first else False,

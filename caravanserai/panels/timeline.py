@@ -43,7 +43,8 @@ def _items(view: RunView, fold: bool) -> list[tuple]:
     replays = [(seq, "replay", (attempt, by_id[call_id], view.event(seq).get("at")))
                for seq, attempt, call_id in view.replays if call_id in by_id]
     commits = [(seq, "commit", seq) for seq in view.commit_seqs]
-    merged = list(heapq.merge(attempts, ends, waypoints, calls, replays, commits, key=lambda item: item[0]))
+    copied = [(view.copied.seq_from, "copied", view.copied)] if view.copied is not None else []
+    merged = list(heapq.merge(copied, attempts, ends, waypoints, calls, replays, commits, key=lambda item: item[0]))
     return _fold_loops(merged) if fold else merged
 
 
@@ -69,7 +70,11 @@ def row_dict(item: tuple, longest: float, effects: dict[str, str], view: RunView
     if kind == "attempt":
         end = "log" if obj.end == "open" and view is not None and view.checkpoints is not None else obj.end
         return {"kind": "attempt", "seq": obj.seq, "number": obj.number, "at": obj.started_at, "end": end,
-                "message": obj.message, "pid": obj.pid, "host": obj.host}
+                "message": obj.message, "pid": obj.pid, "host": obj.host, "how": obj.kind}
+    if kind == "copied":
+        return {"kind": "copied", "seq": obj.seq_from, "at": obj.ended_at or obj.started_at, "parent": obj.parent,
+                "first": obj.first, "last": obj.last, "waypoints": obj.waypoints, "edited": list(obj.edited),
+                "code_changed": obj.code_changed is not None}
     if kind == "end":
         text = "the run completed" if obj.end == "completed" else (obj.message or "")
         return {"kind": obj.end, "seq": obj.seq + obj.events - 1, "at": obj.ended_at, "text": text}
@@ -191,8 +196,14 @@ class TimelineSource(Source):
         detail: dict[str, Any] = {"title": _title(row), "event": pretty(event)}
         if row["kind"] in ("waypoint", "loop"):
             detail["note"] = event.get("note", "")
-            if "state" in event:
+            waypoint = next((w for w in view.waypoints if w.seq == event.get("seq")), None)
+            shown = view.variables_shown(waypoint, limit=2000) if waypoint is not None else {}
+            if shown:  # a notebook waypoint: the cell's variables, as people read them
+                detail["variables"] = "\n".join(f"{name} = {value}" for name, value in shown.items())
+            elif "state" in event:
                 detail["state"] = pretty(event["state"])
+        if row["kind"] == "copied" and view.copied is not None and view.copied.code_changed:
+            detail["code"] = view.copied.code_changed
         call = view.call(row["call_id"]) if row["kind"] in ("call", "replay") else None
         if call is not None and call.settled_seq is not None:  # a call is one row from intent to result
             detail["result"] = pretty(view.event(call.settled_seq))
@@ -214,6 +225,9 @@ def _title(row: dict) -> str:
                 f"(seq {row['seq']}; paid in attempt {row['paid_in']}, seq {row['paid_seq']})")
     if kind == "attempt":
         return f"attempt {row['number']} (seq {row['seq']})"
+    if kind == "copied":
+        return (f"from {row['parent']}: waypoints {row['first']}–{row['last']} copied when this fork was made, "
+                "with the parent's times")
     if kind == "commit":
         return f"checkpoint {row['checkpoint']} committed: step {row['step']} (seq {row['seq']})"
     return f"{kind} (seq {row['seq']})"

@@ -232,7 +232,13 @@ function timelineRow(row, index) {
       return h("div", { class: `cvs-row cvs-attempt cvs-end-${row.end}` },
         h("span", { class: "cvs-icon", text: "▎" }),
         h("span", { class: "cvs-label", text: `attempt ${row.number}` }), when,
-        h("span", { class: "cvs-text", text: `${row.number > 1 ? "resumed" : "started"}${row.pid ? ` · pid ${row.pid}` : ""}${row.host ? ` on ${row.host}` : ""} · ended: ${ENDINGS[row.end] || row.end}${row.message ? ` · ${row.message}` : ""}` }));
+        h("span", { class: "cvs-text", text: `${row.how || (row.number > 1 ? "resumed" : "started")}${row.pid ? ` · pid ${row.pid}` : ""}${row.host ? ` on ${row.host}` : ""} · ended: ${ENDINGS[row.end] || row.end}${row.message ? ` · ${row.message}` : ""}` }));
+    case "copied":
+      return h("div", { class: "cvs-row cvs-copied" },
+        h("span", { class: "cvs-icon", text: "⑂" }),
+        h("span", { class: "cvs-label", text: `from ${row.parent}` }), when,
+        h("span", { class: "cvs-text", text: `waypoints ${row.first ?? "–"}–${row.last ?? "–"} copied when this fork was made (the parent's work and times)${row.edited.length ? ` · edited: ${row.edited.join(", ")}` : ""}${row.code_changed ? " · cell code changed" : ""}` }),
+        badge("fork", "state"));
     case "waypoint": {
       const note = h("span", { class: "cvs-text cvs-md" });
       note.innerHTML = markdown(String(row.note || "").split("\n")[0]);
@@ -290,7 +296,9 @@ function timelineDetail(detail) {
     note.innerHTML = markdown(detail.note);
     parts.push(note);
   }
+  if (detail.variables !== undefined) parts.push(pre("variables", detail.variables));
   if (detail.state !== undefined) parts.push(pre("state", detail.state));
+  if (detail.code !== undefined) parts.push(pre("cell code changed", detail.code));
   if (detail.event !== undefined) parts.push(pre("event", detail.event));
   if (detail.result !== undefined) parts.push(pre("result", detail.result));
   if (detail.call !== undefined) parts.push(pre("the call it answers", detail.call));
@@ -442,6 +450,7 @@ function compareRow(row) {
     const [figs, deltas] = figures(cell);
     return h("span", { class: "cvs-cmp-cell" },
       cell.prompt_changed ? badge("prompt edited", "state") : null,
+      cell.code_changed ? badge("cell code changed", "state") : null,
       h("span", { class: "cvs-cmp-text" }, ...diffSpans(cell.text)),
       h("span", { class: "cvs-cmp-fig", text: figs }), deltas ? h("span", { class: "cvs-cmp-delta", text: deltas }) : null);
   });
@@ -457,6 +466,12 @@ function compareDetail(detail) {
       const [figs, deltas] = figures(col);
       const blocks = ["prompt", "note", "output"].filter((name) => col[name]).map((name) =>
         h("div", { class: "cvs-block" }, h("div", { class: "cvs-block-title", text: name }), h("div", { class: "cvs-diff-text" }, ...diffSpans(col[name]))));
+      if (col.changes && col.changes.length) {
+        blocks.unshift(h("div", { class: "cvs-block" }, h("div", { class: "cvs-block-title", text: "variables that differ" }),
+          ...col.changes.map((c) => h("div", { class: "cvs-diff-text cvs-var-change" },
+            h("code", { text: `${c.path}: ` }), h("del", { class: "cvs-del", text: c.old }), " → ", h("ins", { class: "cvs-ins", text: c.new })))));
+      }
+      if (col.code_diff) blocks.push(pre("cell code changed", col.code_diff));
       return h("div", { class: "cvs-cmp-col" }, h("div", { class: "cvs-block-title", text: col.run }),
         h("div", { class: "cvs-stat", text: [figs, deltas].filter(Boolean).join(" · ") }), ...blocks);
     })));
@@ -641,13 +656,14 @@ function jobView(model, job) {
 function forkDetail(model) {
   return (detail) => {
     if (!detail.edit) return [h("div", { class: "cvs-block-title", text: detail.title || "" })];
-    const editor = h("textarea", { class: "cvs-input cvs-edit", rows: detail.edit === "state" ? 6 : 3, spellcheck: "false" });
+    const lines = String(detail.editable || "").split("\n").length;
+    const editor = h("textarea", { class: "cvs-input cvs-edit", rows: detail.edit === "prompt" ? 3 : Math.min(12, Math.max(4, lines + 1)), spellcheck: "false" });
     editor.value = detail.editable;
     const newId = h("input", { class: "cvs-input cvs-new-id", type: "text", placeholder: "new run id (optional)" });
     const fork = h("button", { class: "cvs-button cvs-fork", text: "Fork",
       onclick: () => model.send({ action: "fork", step: detail.step, text: editor.value, new_run_id: newId.value }) });
     const parts = [h("div", { class: "cvs-block-title", text: detail.title }),
-      h("div", { class: "cvs-block-title", text: detail.edit === "state" ? "state (JSON)" : "prompt" }), editor,
+      h("div", { class: "cvs-block-title", text: { state: "state (JSON)", variables: "the cell's variables (name = value; Python literals)", prompt: "prompt" }[detail.edit] || detail.edit }), editor,
       h("div", { class: "cvs-toolbar" }, fork, newId)];
     if (detail.output !== undefined) parts.push(pre("output", detail.output || "(not run yet)"));
     if (detail.note) parts.push(pre("note", detail.note));
