@@ -184,7 +184,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     first = result.first_divergence
     print(f"{' vs '.join(refs)}: shared prefix {result.shared_prefix} step(s), "
           f"first divergence {'none' if first is None else 'at step ' + str(first)}")
-    for step in result.steps:
+    for index, step in enumerate(result.steps):
         folded = not args.all and step["same"] and (first is None or step["step"] < first)
         if folded and step["step"] == result.steps[0]["step"]:
             print(f"  = steps {step['step']}-{step['step'] + result.shared_prefix - 1} identical "
@@ -192,14 +192,16 @@ def cmd_diff(args: argparse.Namespace) -> int:
         if folded or (args.only_diff and step["same"]):
             continue
         mark = "=" if step["same"] else "≠"
-        if not step["same"] and any(step["changes"][1:]):  # a notebook step: what changed, not the whole state
-            shown = [_changed(changes) for changes in step["changes"][1:]]
+        changes = result.changes(index) if not step["same"] else []
+        if any(changes[1:]):  # a notebook step: what changed, not the whole state
+            shown = [_changed(changed) for changed in changes[1:]]
         else:
-            shown = [_short(v) for v in step["texts"]]
+            shown = [_short(v) for v in result.texts(index)]
         line = f"  {mark} step {step['step']:>3}  " + (shown[0] if step["same"] else "  |  ".join(shown))
         print(line + _deltas(step) + ("   <- first divergence" if step["step"] == first else ""))
     if first is not None:
-        _print_divergence(refs, next(s for s in result.steps if s["step"] == first))
+        index = next(i for i, s in enumerate(result.steps) if s["step"] == first)
+        _print_divergence(refs, result.steps[index], result.changes(index))
     return 0
 
 
@@ -227,7 +229,7 @@ def _deltas(step: dict) -> str:
     return f"   ({', '.join(parts)})" if parts else ""
 
 
-def _print_divergence(refs: list[str], step: dict) -> None:
+def _print_divergence(refs: list[str], step: dict, changes: list[list[dict]]) -> None:
     """The first divergent step against the first timeline: a notebook step's changed variables
     (``results[5]: 125 → 2.5``) and cell code, else word by word: [-removed-] {+added+}."""
     from .checkpoints.timelines import step_text, word_diff
@@ -236,8 +238,8 @@ def _print_divergence(refs: list[str], step: dict) -> None:
     print(f"\nstep {step['step']} against {refs[0]}:")
     for i, ref in enumerate(refs[1:], start=1):
         cell = step["cells"][i] or {}
-        if step["changes"][i]:
-            for change in step["changes"][i]:
+        if changes[i]:
+            for change in changes[i]:
                 if "diff" in change:
                     print(f"  {ref} cell code changed:")
                     print("\n".join("    " + line for line in change["diff"].splitlines()))

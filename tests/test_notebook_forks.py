@@ -61,12 +61,13 @@ def story(project):
 def test_forks_with_different_code_diverge_at_the_first_step_after_the_fork_on_their_variables(story):
     result = compare(("fork-cubes", timeline("fork-cubes")), ("fork-halves", timeline("fork-halves")))
     assert result.shared_prefix == 5 and result.first_divergence == 6
-    step = next(s for s in result.steps if s["step"] == 6)
-    named = {c["name"] for c in step["changes"][1]}
+    index = next(i for i, s in enumerate(result.steps) if s["step"] == 6)
+    changes = result.changes(index)
+    named = {c["name"] for c in changes[1]}
     assert "results" in named and "cell code" in named
-    change = next(c for c in step["changes"][1] if c["name"] == "results")
+    change = next(c for c in changes[1] if c["name"] == "results")
     assert (change["path"], change["old"], change["new"]) == ("results[5]", "125", "2.5")
-    assert step["texts"][0].startswith("i = 5; results = {0: 0, 1: 1, 2: 4, 3: 9, 4: 16, 5: 125}")
+    assert result.texts(index)[0].startswith("i = 5; results = {0: 0, 1: 1, 2: 4, 3: 9, 4: 16, 5: 125}")
 
     printed = cli("diff", "fork-cubes", "fork-halves")
     assert "first divergence at step 6" in printed

@@ -101,14 +101,15 @@ class CompareSource(Source):
             return {"kind": "shared", "first": first, "last": first + result.shared_prefix - 1,
                     "count": result.shared_prefix}
         step = result.steps[index]
-        base = step["texts"][0] or ""
+        texts, changes = result.texts(index), result.changes(index)
+        base = texts[0] or ""
         cells: list[dict[str, Any]] = []
         for i, cell in enumerate(step["cells"]):
             if cell is None:
                 cells.append({"missing": True})
                 continue
-            text = step["texts"][i] or ""
-            changed = [c for c in step["changes"][i] if "path" in c]
+            text = texts[i] or ""
+            changed = [c for c in changes[i] if "path" in c]
             if changed and not step["same"]:  # a notebook step: the variables that changed, old → new
                 ops = [op for c in changed for op in (("=", f"{c['path']}: "), ("-", c["old"]), ("+", c["new"]), ("=", "  "))]
             else:
@@ -117,7 +118,7 @@ class CompareSource(Source):
             cells.append({**{k: cell[k] for k in ("tokens", "usd", "latency_s", "d_tokens", "d_usd", "d_latency_s")},
                           "text": clip_diff(ops), "prompt_changed": cell["prompt"] != first["prompt"] if first else False,
                           "code_changed": cell["code"] != first["code"] if first else False,
-                          "changed": [c["path"] for c in step["changes"][i] if "path" in c][:5], "note": cell["note"]})
+                          "changed": [c["path"] for c in changed][:5], "note": cell["note"]})
         return {"kind": "step", "step": step["step"], "same": step["same"],
                 "first": step["step"] == result.first_divergence, "cells": cells}
 
@@ -128,6 +129,7 @@ class CompareSource(Source):
             return {"title": f"steps {result.steps[0]['step']}–{result.steps[0]['step'] + result.shared_prefix - 1} "
                              "are the same in every timeline (untick “fold shared steps” to see them)"}
         step = result.steps[position]
+        texts, changes = result.texts(position), result.changes(position)
         base = step["cells"][0] or {}
         columns = []
         for i, ref in enumerate(self.refs):
@@ -137,14 +139,13 @@ class CompareSource(Source):
                 continue
             parts: dict[str, Any] = {}
             for name, old, new in (("prompt", base.get("prompt"), cell["prompt"]), ("note", base.get("note"), cell["note"]),
-                                   ("output", step["texts"][0], step["texts"][i])):
+                                   ("output", texts[0], texts[i])):
                 if new is None and old is None:
                     continue
                 parts[name] = [list(op) for op in (word_diff(old or "", new or "") if i else [("=", new or "")])]
-            changes = step["changes"][i]
-            if changes:  # a notebook step: which variables changed, old → new, and the cell's code diff
-                parts["changes"] = [c for c in changes if "path" in c]
-                parts["code_diff"] = next((c["diff"] for c in changes if "diff" in c), None)
+            if changes[i]:  # a notebook step: which variables changed, old → new, and the cell's code diff
+                parts["changes"] = [c for c in changes[i] if "path" in c]
+                parts["code_diff"] = next((c["diff"] for c in changes[i] if "diff" in c), None)
             columns.append({"run": ref, **parts, **{k: cell[k] for k in ("tokens", "usd", "latency_s", "d_tokens",
                                                                          "d_usd", "d_latency_s")}})
         verdict = "the same in every timeline" if step["same"] else "different"
