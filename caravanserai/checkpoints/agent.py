@@ -8,11 +8,13 @@ Completed steps are never recomputed (resume or fork); a fork replaces one node'
 invalidates everything downstream of it, so later steps run again on the new value.
 
 Backends: the deterministic ``fake`` backend (default; outputs are token ids; it keeps a real
-per-token KV cache that grows with the context) and an OpenAI-compatible ``/v1/completions``
-server chosen by ``VLLM_BASE_URL`` (outputs are text; ``cached_tokens`` reported by the server
-is counted as ``tokens_saved``), and an in-process ``transformers`` model chosen by
-``model_id="local/..."`` or ``CARAVANSERAI_LOCAL_MODEL`` (``local_model``: outputs are text, the
-real KV cache travels in the checkpoint).
+per-token KV cache that grows with the context), the deterministic ``text`` backend chosen by
+``model_id="text"`` (``text_backend``: offline, no weights; outputs are short English notes
+composed from the step's prompt and the previous step's output, with the same per-token KV cache),
+an OpenAI-compatible ``/v1/completions`` server chosen by ``VLLM_BASE_URL`` (outputs are text;
+``cached_tokens`` reported by the server is counted as ``tokens_saved``), and an in-process
+``transformers`` model chosen by ``model_id="local/..."`` or ``CARAVANSERAI_LOCAL_MODEL``
+(``local_model``: outputs are text, the real KV cache travels in the checkpoint).
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ __all__ = ["DurableAgent", "FakeBackend", "OpenAICompletionsBackend", "decode_ch
 
 FORMAT = "caravanserai.durable_agent"
 DEFAULT_VLLM_MODEL = "vllm/gemma4"
-BACKENDS = ("fake", "vllm", "local")
+BACKENDS = ("fake", "text", "vllm", "local")
+KV_ENTRY_BACKENDS = ("fake", "text")  # one fixed-size KV entry per context token (FakeBackend.ENTRY_BYTES)
+TEXT_MODEL = "text"  # model_id="text" selects the text backend
 MAX_STEPS = 1_000_000  # a hard cap on a checkpoint's step count: bounds every loop over data read from bytes
 
 
@@ -67,11 +71,11 @@ class FakeBackend:
     def tokenize(text: str) -> list[int]:
         return list(text.encode("utf-8"))
 
-    def kv_entry(self, token: int, position: int) -> bytes:
+    def kv_entry(self, token: int | str, position: int) -> bytes:
         self.tokens_computed += 1
         return hashlib.blake2b(f"{token}:{position}".encode(), digest_size=self.ENTRY_BYTES).digest()
 
-    def generate(self, prompt: str, previous: Any) -> tuple[list[int], bytes]:
+    def generate(self, prompt: str, previous: Any) -> tuple[Any, bytes]:
         context = self.tokenize(prompt) + _previous_tokens(previous)
         kv = b"".join(self.kv_entry(t, i) for i, t in enumerate(context))
         state = hashlib.sha256(kv).digest()
@@ -125,6 +129,10 @@ def _previous_tokens(previous: Any) -> list[Any]:
 def _backend(name: str, model_id: str):
     if name == "fake":
         return FakeBackend(model_id)
+    if name == "text":
+        from .text_backend import TextBackend
+
+        return TextBackend(model_id)
     if name == "vllm":
         return OpenAICompletionsBackend(model_id)
     if name == "local":
@@ -135,8 +143,10 @@ def _backend(name: str, model_id: str):
 
 
 def _choose_backend(model_id: str | None) -> tuple[str, str]:
-    """``(backend, model_id)``: a ``local/`` or ``vllm/`` model id, else ``VLLM_BASE_URL``, else
+    """``(backend, model_id)``: ``"text"``, a ``local/`` or ``vllm/`` model id, else ``VLLM_BASE_URL``, else
     ``CARAVANSERAI_LOCAL_MODEL``, else the fake backend."""
+    if model_id == TEXT_MODEL:
+        return "text", TEXT_MODEL
     if model_id is not None and model_id.startswith("local/"):
         return "local", model_id
     if os.environ.get("VLLM_BASE_URL") or (model_id or "").startswith("vllm/"):
@@ -177,7 +187,8 @@ class DurableAgent:
 
     # ---- building a run ------------------------------------------------------------------
     def begin(self, prompts: Sequence[str], model_id: str | None = None) -> DurableAgent:
-        """Start a run of ``prompts`` (one step each). ``VLLM_BASE_URL`` selects the server backend."""
+        """Start a run of ``prompts`` (one step each). ``model_id="text"`` selects the readable offline text
+        backend, ``"local/..."`` an in-process model, ``VLLM_BASE_URL`` the server backend; default: fake."""
         if not prompts or not all(isinstance(p, str) for p in prompts):
             raise UsageError("begin() needs a non-empty list of prompt strings, e.g. begin(['plan', 'act'])")
         if len(prompts) > MAX_STEPS:
@@ -528,14 +539,15 @@ def _node_ids(steps: int) -> frozenset[str]:
 
 
 def _check_kv(kv: dict[str, bytes], values: dict[str, Any], backend: str, what: str) -> None:
-    """KV entries belong to executed steps; on the fake backend they are whole cache entries."""
+    """KV entries belong to executed steps; on the fake and text backends they are whole cache entries."""
+    fixed = backend in KV_ENTRY_BACKENDS
     if (kv.keys() <= values.keys() and all(map(str.startswith, kv, itertools.repeat("step-")))
-            and (backend != "fake" or not any(n % FakeBackend.ENTRY_BYTES for n in {*map(len, kv.values())}))):
+            and (not fixed or not any(n % FakeBackend.ENTRY_BYTES for n in {*map(len, kv.values())}))):
         return  # checked in C (values' keys are node ids, so str); the loop below names what is wrong
     for key, blob in kv.items():
         if not key.startswith("step-") or key not in values:
             corrupt(what, f"it has a KV entry for {short(key)}, which is no executed step")
-        if backend == "fake" and len(blob) % FakeBackend.ENTRY_BYTES:
+        if fixed and len(blob) % FakeBackend.ENTRY_BYTES:
             corrupt(what, f"its KV entry for {key} is not a whole number of cache entries")
 
 

@@ -23,7 +23,7 @@ from ..errors import AmbiguousId, InvalidRunId, ObjectNotFound, RunExists, Usage
 from ..runs.lifecycle import append_event
 from ..stores.base import ObjectStore, Store
 from . import format as fmt
-from .agent import FakeBackend, decode_checkpoint, fork_change, known_fields, validate_header
+from .agent import KV_ENTRY_BACKENDS, FakeBackend, decode_checkpoint, fork_change, known_fields, validate_header
 from .format import CheckpointCorruptionError, CheckpointFormatError, checkpoint_id, corrupt, is_count, short
 
 __all__ = ["CheckpointLog", "CheckpointRecord", "checkpoint_from_file_or_log", "find_checkpoint", "log_status"]
@@ -221,7 +221,7 @@ def _check_change(data: fmt.CheckpointData, values_set: dict[str, Any], kv_set: 
     for key, blob in kv_set.items():
         if not (isinstance(key, str) and key.startswith("step-") and (key in values_set or key in data.header["values"])):
             corrupt(what, f"it has a KV entry for {short(key)}, which is no executed step", fix="send the step too")
-        if not isinstance(blob, bytes) or (backend == "fake" and len(blob) % FakeBackend.ENTRY_BYTES):
+        if not isinstance(blob, bytes) or (backend in KV_ENTRY_BACKENDS and len(blob) % FakeBackend.ENTRY_BYTES):
             corrupt(what, f"its KV entry for {key} is not whole cache entries", fix="send the backend's KV bytes")
 
 
@@ -396,11 +396,25 @@ class CheckpointLog:
                           on_progress=on_progress, commit_every=commit_every)
 
     def newest_head(self) -> str:
-        """The checkpoint this run's journal committed last (or the log's only head, on a bare object store)."""
+        """The checkpoint this run's journal committed last, a branch forked inside the log included (or the
+        log's only head, on a bare object store); ``main_head`` is the head of the run's main line."""
+        if self.store is not None:
+            committed = [e for e in self.store.events(self.run_id) if e.get("type") == "checkpoint_committed"]
+            if committed and isinstance(committed[-1].get("checkpoint_id"), str):
+                return committed[-1]["checkpoint_id"]
+        return self._only_head()
+
+    def main_head(self) -> str:
+        """The head of this run's main line (``log_status``: its newest commit not on a branch forked inside
+        the log; what ``caravanserai list``, ``diff RUN`` and ``resume RUN`` use), or the log's only head on
+        a bare object store."""
         if self.store is not None:
             status = log_status(self.store.events(self.run_id))
             if status and status["latest"]:
                 return status["latest"]
+        return self._only_head()
+
+    def _only_head(self) -> str:
         heads = self.heads()
         if len(heads) != 1:
             raise UsageError(f"the log of run {self.run_id!r} has {len(heads)} heads; name the checkpoint "
@@ -630,25 +644,45 @@ def log_status(events: Sequence[dict]) -> dict[str, Any] | None:
     """Where a run's checkpoint log stands, from its journal events alone (pure; never raises on old events).
 
     None for a run with no ``checkpoint_committed`` event; else ``{"checkpoints", "steps",
-    "steps_done", "status", "latest"}``: status is ``completed`` when the newest committed
-    checkpoint has every step done, else ``pending``. Events from journals written before
+    "steps_done", "status", "latest"}``, plus ``"branches"`` when there are some, about the run's
+    **main line**: the chain of commits not made by a fork inside this log (a fork into a new run
+    is that run's main line). ``latest`` is the main line's head (its newest commit), ``status`` is
+    ``completed`` when that head has every step done, else ``pending``; ``branches`` counts the
+    forks made inside the log, ``checkpoints`` every commit. Events from journals written before
     ``steps``/``steps_done`` were recorded give what they can: ``steps_done`` from the committed
     step index (+1), ``steps`` from any event that has it, else None (and status ``pending``).
+    ``runs.view`` computes the same in one pass (``_Pass.on_checkpoint``): the two must agree.
     """
     committed = [e for e in events if isinstance(e, dict) and e.get("type") == "checkpoint_committed"]
     if not committed:
         return None
-    newest = committed[-1]
-    steps = newest.get("steps") if is_count(newest.get("steps")) else None
+    seen: set[str | None] = set()
+    off_main: set[str | None] = set()  # commits on a branch made inside this log
+    head, branches = committed[0], 0
+    for event in committed:
+        cid, parent = _str_or_none(event.get("checkpoint_id")), _str_or_none(event.get("parent"))
+        # a fork of one of this log's own checkpoints starts a branch (a fork into a new run is its main line)
+        branch_root = isinstance(event.get("fork"), dict) and parent is not None and parent in seen
+        branches += branch_root
+        if branch_root or (parent is not None and parent in off_main):
+            off_main.add(cid)
+        else:
+            head = event
+        seen.add(cid)
+    steps = head.get("steps") if is_count(head.get("steps")) else None
     if steps is None:
         steps = next((e["steps"] for e in reversed(committed) if is_count(e.get("steps"))), None)
-    done = newest.get("steps_done")
+    done = head.get("steps_done")
     if not is_count(done):
-        done = newest["step"] + 1 if is_count(newest.get("step")) else None
-    latest = newest.get("checkpoint_id")
+        done = head["step"] + 1 if is_count(head.get("step")) else None
+    latest = head.get("checkpoint_id")
     return {"checkpoints": len(committed), "steps": steps, "steps_done": done,
             "status": "completed" if steps is not None and done is not None and done >= steps > 0 else "pending",
-            "latest": latest if isinstance(latest, str) else None}
+            "latest": latest if isinstance(latest, str) else None, **({"branches": branches} if branches else {})}
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def checkpoint_from_file_or_log(target: str, store: Any = None, run_id: str | None = None) -> bytes:

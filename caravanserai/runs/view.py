@@ -225,7 +225,8 @@ class ParentView:
 @dataclass(frozen=True)
 class CheckpointsView:
     """The run's checkpoint log, as ``checkpoints.log_status`` reports it: steps, status and ``latest`` (its head)
-    are the main line's; ``branches`` counts the forks made inside the log; ``checkpoints`` every commit."""
+    are the main line's; ``branches`` counts the forks made inside the log; ``checkpoints`` every commit.
+    ``to_dict`` leaves ``branches`` out when there are none (the summaries of runs without one are unchanged)."""
 
     checkpoints: int
     steps: int | None
@@ -235,7 +236,10 @@ class CheckpointsView:
     branches: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if not self.branches:
+            del out["branches"]
+        return out
 
 
 @dataclass(frozen=True, eq=False)
