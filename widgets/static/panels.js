@@ -448,10 +448,14 @@ function compareRow(row) {
   const cells = row.cells.map((cell) => {
     if (cell.missing) return h("span", { class: "cvs-cmp-cell cvs-missing", text: "— no such step —" });
     const [figs, deltas] = figures(cell);
+    // a notebook step's changed variables read old → new (as in the detail), not "16-1"
+    const spans = diffSpans(cell.text);
+    const text = cell.changed && cell.changed.length && !row.same
+      ? spans.flatMap((node, i) => (node.nodeName === "INS" && i && spans[i - 1].nodeName === "DEL" ? [" → ", node] : [node])) : spans;
     return h("span", { class: "cvs-cmp-cell" },
       cell.prompt_changed ? badge("prompt edited", "state") : null,
       cell.code_changed ? badge("cell code changed", "state") : null,
-      h("span", { class: "cvs-cmp-text" }, ...diffSpans(cell.text)),
+      h("span", { class: "cvs-cmp-text" }, ...text),
       h("span", { class: "cvs-cmp-fig", text: figs }), deltas ? h("span", { class: "cvs-cmp-delta", text: deltas }) : null);
   });
   return h("div", { class: `cvs-row cvs-cmp ${row.same ? "cvs-same" : "cvs-diff"}${row.first ? " cvs-divergence" : ""}` },
@@ -471,7 +475,8 @@ function compareDetail(detail) {
           ...col.changes.map((c) => h("div", { class: "cvs-diff-text cvs-var-change" },
             h("code", { text: `${c.path}: ` }), h("del", { class: "cvs-del", text: c.old }), " → ", h("ins", { class: "cvs-ins", text: c.new })))));
       }
-      if (col.code_diff) blocks.push(pre("cell code changed", col.code_diff));
+      // the code diff next to the variables it explains, before the note and output
+      if (col.code_diff) blocks.splice(col.changes && col.changes.length ? 1 : 0, 0, pre("cell code changed", col.code_diff));
       return h("div", { class: "cvs-cmp-col" }, h("div", { class: "cvs-block-title", text: col.run }),
         h("div", { class: "cvs-stat", text: [figs, deltas].filter(Boolean).join(" · ") }), ...blocks);
     })));
@@ -623,10 +628,11 @@ function mountLineage(model, el) {
 // ---- ForkPanel ------------------------------------------------------------------------------------
 function forkRow(row) {
   if (row.kind === "waypoint") {
-    const note = h("span", { class: "cvs-text cvs-md" });
+    // the note a fixed share of the row, so every row's variables start in one column
+    const note = h("span", { class: "cvs-text cvs-md", style: "flex: 0 0 25%" });
     note.innerHTML = markdown(row.note || "");
     return h("div", { class: "cvs-row cvs-fork-row" }, h("span", { class: "cvs-icon", text: "◆" }),
-      h("span", { class: "cvs-label", text: `waypoint ${row.step}` }), note, h("span", { class: "cvs-text cvs-fg2", text: row.state }));
+      h("span", { class: "cvs-label", text: `waypoint ${row.step}` }), note, h("span", { class: "cvs-text cvs-output", text: row.state }));
   }
   return h("div", { class: `cvs-row cvs-fork-row${row.done ? "" : " cvs-not-done"}` }, h("span", { class: "cvs-icon", text: row.done ? "●" : "○" }),
     h("span", { class: "cvs-label", text: `step ${row.step}` }),
