@@ -25,7 +25,7 @@ __all__ = ["TextBackend", "compose", "previous_text"]
 
 _TOKEN = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 _WORD = re.compile(r"[A-Z]{2,}\b|[A-Za-z][A-Za-z'-]{2,}")
-MAX_TASK_WORDS = 12  # a long prompt is quoted up to this many words, so a note stays short
+MAX_TASK_WORDS = 16  # a long prompt is quoted up to this many words, so a note stays short
 
 _STOP = frozenset("""the and for but not you are was its our all any can has had one two how why who out off yet
 about after again also before being could first from have into just like make more most much must next only
