@@ -82,11 +82,13 @@ def build(store: LocalStore, steps: int) -> dict:
     return {"build_parent_s": built, "half": half}
 
 
-def measure_fork(store: LocalStore, steps: int, rounds: int) -> list[float]:
+def measure_fork(store: LocalStore, at: int, rounds: int) -> list[float]:
+    """Seconds per ``caravanserai.fork`` of the big run at waypoint ``at`` (its journal read and verified,
+    the prefix copied with its saved variables, the lease taken and released, the views written)."""
     times = []
     for r in range(rounds):
         t0 = time.perf_counter()
-        caravanserai.fork("nb", at=steps, new_run_id=f"nb-copy-{r}", store=store)
+        caravanserai.fork("nb", at=at, new_run_id=f"nb-at-{at}-{r}", store=store)
         times.append(time.perf_counter() - t0)
     return times
 
@@ -190,7 +192,7 @@ def main() -> int:
         store_path = root / ".caravanserai"
         store = LocalStore(store_path)
         results |= build(store, steps)
-        results["fork_s"] = measure_fork(store, steps, args.rounds)
+        results["fork_s"] = {10: measure_fork(store, 10, args.rounds), steps: measure_fork(store, steps, args.rounds)}
         results["compare"] = measure_compare(store, args.rounds)
         results["diff"] = measure_diff(store_path, args.rounds)
         results["browser"] = "skipped (--no-browser)" if args.no_browser else measure_browser(root, store_path)
@@ -205,7 +207,9 @@ def report(results: dict, steps: int) -> None:
     compare, diff = results["compare"], results["diff"]
     say(f"\n{steps:,}-waypoint notebook run (5 variables saved per waypoint) built in {fmt_time(results['build_parent_s'])}; "
         f"two forks at waypoint {results['half']:,}, first divergence found at step {compare['first_divergence']}\n")
-    rows = [(f"fork of the {steps:,}-waypoint run (at its last waypoint)", fmt_time(med(results["fork_s"]))),
+    forks = results["fork_s"]
+    rows = [(f"fork of the {steps:,}-waypoint run at waypoint 10", fmt_time(med(forks[10]))),
+            (f"fork of the {steps:,}-waypoint run at its last waypoint (every waypoint copied)", fmt_time(med(forks[steps]))),
             ("Compare of the two forks: built (read, verified, aligned)", fmt_time(med(compare["build_s"]))),
             (f"  its first window ({WINDOW} rows)", fmt_time(med(compare["first_window_s"]))),
             ("  jump: the divergence row, its window and its detail", fmt_time(med(compare["jump_s"]))),
@@ -228,8 +232,10 @@ def report(results: dict, steps: int) -> None:
     say_verdict(build_paint < TARGETS["build_and_first_paint_s"], "Compare build + first paint < 1 s", fmt_time(build_paint))
     say_verdict(jump < TARGETS["jump_s"], "Compare jump to the divergence < 200 ms (after first paint)", fmt_time(jump))
     say_verdict(med(diff["in_process_s"]) < TARGETS["diff_s"], "diff < 1 s (in-process)", fmt_time(med(diff["in_process_s"])))
-    say_verdict(med(results["fork_s"]) < TARGETS["fork_s"], f"fork of a {steps:,}-waypoint notebook run < 100 ms",
-                fmt_time(med(results["fork_s"])))
+    say_verdict(med(forks[10]) < TARGETS["fork_s"], f"fork of a {steps:,}-waypoint notebook run at waypoint 10 < 100 ms",
+                fmt_time(med(forks[10])))
+    say_verdict(med(forks[steps]) < TARGETS["fork_s"], f"fork of a {steps:,}-waypoint notebook run at its last waypoint "
+                "< 100 ms", fmt_time(med(forks[steps])))
 
 
 if __name__ == "__main__":

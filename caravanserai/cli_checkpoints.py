@@ -169,6 +169,9 @@ def next_step(run_id: str, store: Any, store_arg: str | None = None) -> str:
     return f"new run {run_id} ({where}); continue it with:\n  caravanserai resume {shlex.quote(run_id)}{flag}"
 
 
+DIFF_ROWS = 40  # steps ``diff`` prints after the shared prefix (``--all``: every one)
+
+
 def cmd_diff(args: argparse.Namespace) -> int:
     """Two or more timelines step by step: the shared prefix folded, the first divergence word-diffed."""
     from .checkpoints.timelines import compare, resolve_ref, timeline
@@ -184,6 +187,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     first = result.first_divergence
     print(f"{' vs '.join(refs)}: shared prefix {result.shared_prefix} step(s), "
           f"first divergence {'none' if first is None else 'at step ' + str(first)}")
+    shown_rows = 0
     for index, step in enumerate(result.steps):
         folded = not args.all and step["same"] and (first is None or step["step"] < first)
         if folded and step["step"] == result.steps[0]["step"]:
@@ -191,6 +195,12 @@ def cmd_diff(args: argparse.Namespace) -> int:
                   "(folded; --all shows them)" if result.shared_prefix > 1 else f"  = step {step['step']:>3}  (folded)")
         if folded or (args.only_diff and step["same"]):
             continue
+        if shown_rows == DIFF_ROWS and not args.all:
+            rest = len(result.steps) - index
+            print(f"  … {rest:,} more step(s), {sum(1 for s in result.steps[index:] if not s['same']):,} of them different "
+                  "(--all shows them)")
+            break
+        shown_rows += 1
         mark = "=" if step["same"] else "≠"
         changes = result.changes(index) if not step["same"] else []
         if any(changes[1:]):  # a notebook step: what changed, not the whole state
@@ -294,7 +304,8 @@ def add_checkpoint_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("diff", parents=[common], help="compare timelines step by step; the first divergence word by word")
     p.add_argument("runs", nargs="+", metavar="RUN",
                    help="runs (or RUN@CHECKPOINT for a branch of a log), the first is the baseline")
-    p.add_argument("--all", action="store_true", help="show the shared prefix step by step (folded by default)")
+    p.add_argument("--all", action="store_true",
+                   help="show every step: the shared prefix (folded by default) and all steps after the first 40")
     p.add_argument("--only-diff", action="store_true", help="show only the steps that differ")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_diff)

@@ -15,6 +15,7 @@ node ``step-0``, or waypoint 1), and ``compare`` reports ``step``, ``shared_pref
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -303,8 +304,7 @@ def _changes(step: Step, base: Step) -> list[dict]:
         return []
     out: list[dict] = []
     if step.code != base.code and step.code is not None and base.code is not None:
-        diff = difflib.unified_diff(base.code.splitlines(), step.code.splitlines(), "baseline", "this", lineterm="", n=1)
-        out.append({"name": "cell code", "diff": "\n".join(diff)})
+        out.append({"name": "cell code", "diff": _code_diff(base.code, step.code)})
     mine, theirs = step.variables or {}, base.variables or {}
     for name in sorted(set(mine) | set(theirs)):
         if name not in mine or name not in theirs:
@@ -314,6 +314,12 @@ def _changes(step: Step, base: Step) -> list[dict]:
         for path, old, new in changes(theirs[name], mine[name], name):
             out.append({"name": name, "path": path, "old": old, "new": new})
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _code_diff(old: str, new: str) -> str:
+    """The unified diff of two cell sources (the same pair recurs on every step after a fork: made once)."""
+    return "\n".join(difflib.unified_diff(old.splitlines(), new.splitlines(), "baseline", "this", lineterm="", n=1))
 
 
 def _cell(step: Step, base: Step | None) -> dict:

@@ -353,7 +353,9 @@ class Run:
 
     # ---- internals -----------------------------------------------------------------------
     def _attempt_event(self, events: Sequence[dict], started: dict | None) -> dict:
-        info = launch_info()
+        """The attempt's first event, stamped now: it is written with the first append, but the
+        attempt began when the run was opened (a first step's duration counts from here)."""
+        info = {"at": journal.utc_now(), **launch_info()}
         if not events:
             return {"type": "run_started", "run_id": self.run_id, **info, **(started or {})}
         return {"type": "attempt", "attempt": self.attempt, **info}

@@ -898,6 +898,11 @@ def _step_seconds(start: str | None, end: str) -> float | None:
     """A step's own seconds, from the start of its segment (or the previous waypoint) to ``end``; never negative."""
     if start is None:
         return None
+    if len(start) == len(end) == 32 and start[:10] == end[:10] and start[26:] == end[26:] == "+00:00":
+        try:  # the journal's own form, same day (see _duration)
+            return max(0.0, round(_clock(end) - _clock(start), 6))
+        except ValueError:
+            pass
     seconds = _duration({"at": start}, {"at": end})
     return None if seconds is None else max(0.0, seconds)
 

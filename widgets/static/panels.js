@@ -235,7 +235,7 @@ function timelineRow(row, index) {
         h("span", { class: "cvs-text", text: `${row.how || (row.number > 1 ? "resumed" : "started")}${row.pid ? ` · pid ${row.pid}` : ""}${row.host ? ` on ${row.host}` : ""} · ended: ${ENDINGS[row.end] || row.end}${row.message ? ` · ${row.message}` : ""}` }));
     case "copied":
       return h("div", { class: "cvs-row cvs-copied" },
-        h("span", { class: "cvs-icon", text: "⑂" }),
+        h("span", { class: "cvs-icon", text: "↳" }),
         h("span", { class: "cvs-label", text: `from ${row.parent}` }), when,
         h("span", { class: "cvs-text", text: `waypoints ${row.first ?? "–"}–${row.last ?? "–"} copied when this fork was made (the parent's work and times)${row.edited.length ? ` · edited: ${row.edited.join(", ")}` : ""}${row.code_changed ? " · cell code changed" : ""}` }),
         badge("fork", "state"));
