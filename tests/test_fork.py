@@ -208,3 +208,15 @@ def test_resume_of_a_fork_runs_the_parents_command_pointed_at_the_fork_never_the
     refused = subprocess.run([*cli, "resume", "fixed-fork"], cwd=project, capture_output=True, text=True)
     assert refused.returncode == 1 and "durable('fixed-fork')" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1 and inspect_run("fixed-fork").attempts == ()
+
+
+def test_a_forks_views_link_the_parents_files_and_render_its_edited_waypoint(project, parent):
+    fork("parent", at=3, new_run_id="viewed", state={"step": 3, "answers": ["x"]})
+    root = project / ".caravanserai"
+    for n in (1, 2):  # the same bytes, one inode: 10,000 copied waypoints cost links, not writes
+        mine, theirs = root / "viewed" / f"waypoint-{n}.md", root / "parent" / f"waypoint-{n}.md"
+        assert mine.read_text() == theirs.read_text() and mine.stat().st_ino == theirs.stat().st_ino
+    edited = (root / "viewed" / "waypoint-3.md").read_text()
+    assert "(edited in this fork: state)" in edited and (root / "viewed" / "waypoint-3.md").stat().st_ino != \
+        (root / "parent" / "waypoint-3.md").stat().st_ino
+    assert json.loads((root / "viewed" / "state.json").read_text()) == {"step": 3, "answers": ["x"]}
