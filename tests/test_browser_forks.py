@@ -83,8 +83,11 @@ def test_fork_lineage_compare_and_export_in_jupyterlab(tmp_path):
             child.locator(".cvs-row", has_text="5/5 steps done").wait_for()
             screenshot(page, "forks-fork-panel.png")
 
-            tree.locator(".cvs-node[data-id='ticket-fork-3']").wait_for(timeout=15_000)  # Lineage grew a branch
-            assert "step 3 prompt → draft two fixes" in tree.inner_text()
+            # Lineage grew a branch; it may first draw the new run before its first commit lands (the fork writes
+            # its run_started, then commits), so wait for the node to say what the fork edited
+            tree.locator(".cvs-node[data-id='ticket-fork-3']").wait_for(timeout=15_000)
+            tree.locator(".cvs-node[data-id='ticket-fork-3']", has_text="step 3 prompt → draft two fixes").wait_for(
+                timeout=15_000)
             for node in ("ticket", "ticket-fork-3"):
                 tree.locator(f".cvs-node[data-id='{node}'] .cvs-pick").click()
             tree.locator("button.cvs-compare", has_text="Compare picked (2)").click()
