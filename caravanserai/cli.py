@@ -373,7 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="every waypoint, oldest first")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_show)
-    p = sub.add_parser("resume", parents=[common], help="re-run the command that started the run, where it started")
+    p = sub.add_parser("resume", parents=[common],
+                       help="re-run the command that started the run, where it started (a DurableAgent run: its pending steps)")
     p.add_argument("run_id")
     p.add_argument("--force", action="store_true", help="run it even if it already completed")
     p.add_argument("--yes", action="store_true",

@@ -180,13 +180,18 @@ def cmd_diff(args: argparse.Namespace) -> int:
     refs = [resolve_ref(r, store) for r in args.runs]
     if len(refs) < 2:
         raise UsageError("diff needs two timelines or more, e.g. caravanserai diff RUN RUN-fork-3")
-    result = compare(*((r, timeline(r, store)) for r in refs))
+    lines = [(r, timeline(r, store)) for r in refs]
+    result = compare(*lines)
     if args.json:
-        _print_json({**result.to_dict(), "totals": result.totals()})
+        _print_json({**result.to_dict(), "totals": result.totals(),
+                     "checkpoints": {r: getattr(t, "checkpoint", None) for r, t in lines}})
         return 0
     first = result.first_divergence
     print(f"{' vs '.join(refs)}: shared prefix {result.shared_prefix} step(s), "
           f"first divergence {'none' if first is None else 'at step ' + str(first)}")
+    for ref, steps in lines:  # which checkpoint a plain DurableAgent RUN stands for
+        if getattr(steps, "checkpoint", None) and "@" not in ref:
+            print(f"  {ref} = {getattr(steps, 'label', ref)}")
     shown_rows = 0
     for index, step in enumerate(result.steps):
         folded = not args.all and step["same"] and (first is None or step["step"] < first)
@@ -273,7 +278,7 @@ def _changed(changes: list[dict], width: int = 90) -> str:
 
 
 def _short(value: str | None, width: int = 60) -> str:
-    text = "-" if value is None else value
+    text = "-" if value is None else " ".join(value.split())  # one line per step, whatever the output holds
     return text if len(text) <= width else text[: width - 3] + "..."
 
 

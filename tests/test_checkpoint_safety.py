@@ -620,8 +620,9 @@ def test_diff_and_timelines_number_steps_from_1(capsys, cli_log):
     assert [s["step"] for s in result.steps] == [1, 2, 3, 4]
     code, out, _ = run_cli(capsys, "diff", "ticket", "ticket-alt", "--store", url, "--all")
     assert code == 0 and "first divergence at step 3" in out and "shared prefix 2 step(s)" in out
-    assert [line.split()[:3] for line in out.splitlines()[1:5]] == [["=", "step", "1"], ["=", "step", "2"],
-                                                                   ["≠", "step", "3"], ["≠", "step", "4"]]
+    assert f"  ticket = ticket@{ids[-1][:12]} (main line)" in out  # which checkpoint a plain RUN stands for
+    rows = [line.split()[:3] for line in out.splitlines() if line.lstrip().startswith(("= step", "≠ step"))]
+    assert rows == [["=", "step", "1"], ["=", "step", "2"], ["≠", "step", "3"], ["≠", "step", "4"]]
     assert CheckpointLog(log.store, "ticket-alt").record(alt).parent == ids[3]
 
 
@@ -640,10 +641,10 @@ def test_committed_events_carry_steps_and_log_status_reads_them():
     done = log.commit(agent.run_until_step(3), parent=second, step=3)
     assert log_status(read_events("status", store)) == {"checkpoints": 3, "steps": 4, "steps_done": 4,
                                                          "status": "completed", "latest": done}
-    # a fork back at step 2 is the newest checkpoint: the run is pending again
+    # a fork back at step 2 is a branch inside the log: the main line stays completed, the branch is counted
     alt = log.fork(second, "prompt-2", "draft two fixes")
-    assert log_status(read_events("status", store)) == {"checkpoints": 4, "steps": 4, "steps_done": 2,
-                                                         "status": "pending", "latest": alt}
+    assert alt != done and log_status(read_events("status", store)) == {
+        "checkpoints": 4, "steps": 4, "steps_done": 4, "status": "completed", "latest": done, "branches": 1}
 
 
 def test_log_status_on_old_or_odd_events():

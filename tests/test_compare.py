@@ -170,7 +170,7 @@ def test_lineage_of_run_forks_log_forks_and_branches_inside_a_log(store):
     assert nodes[3].kind == "branch" and nodes[3].edit == "step 4 prompt → open a draft PR" and nodes[3].head == branch
     plain = lineage("plain", store)
     assert [(n.id, n.point, n.edit) for n in plain] == [("plain", None, ""),
-                                                        ("plain-what-if", 1, "state of waypoint 1 edited")]
+                                                        ("plain-what-if", 1, "state edited at waypoint 1")]
     source = LineageSource(log)
     assert source.poll() and not source.poll()  # nothing new: nothing rebuilt
     refs = {row["id"]: row["ref"] for row in source.rows(0, source.count())}
@@ -254,7 +254,8 @@ def test_cli_diff_folds_the_prefix_and_word_diffs_the_first_divergence(store, ca
     assert re.search(r"≠ step +3 .*<- first divergence", out)
     assert main(["diff", "ticket", "other", "--only-diff", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["first_divergence"] == 4 and report["totals"][1]["run"] == "other"
+    # "ticket" is its main line's head; "other" was forked from the in-log branch, whose step 3 prompt differs
+    assert report["first_divergence"] == 3 and report["totals"][1]["run"] == "other"
     assert main(["diff", "ticket"]) == 2 and "two timelines" in capsys.readouterr().err
 
 

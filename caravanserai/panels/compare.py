@@ -58,12 +58,15 @@ class CompareSource(Source):
         self._stamps: list[Any] = []
         self._order: list[tuple[str, int]] = []  # ("shared", 0) | ("step", index into result.steps)
         self._logs: dict[str, CheckpointLog] = {}
+        self._labels: list[str] = list(self.refs)
 
     def poll(self) -> bool:
         stamps = [self.store.last_updated(parse_ref(r)[0]) for r in self.refs]
         if stamps == self._stamps and self._order:
             return False
-        self.result = compare(*((r, timeline(r, self.store, log=self._log(r))) for r in self.refs))
+        lines = [(r, timeline(r, self.store, log=self._log(r))) for r in self.refs]
+        self._labels = [getattr(steps, "label", ref) for ref, steps in lines]  # which checkpoint each run stands for
+        self.result = compare(*lines)
         self._stamps = stamps
         self.rebuild()
         return True
@@ -160,7 +163,7 @@ class CompareSource(Source):
             for key in ("tokens", "usd", "latency_s"):
                 mine, theirs = total[key], base.get(key)
                 total[f"d_{key}"] = None if mine is None or theirs is None else round(mine - theirs, 9)
-        return {"runs": list(self.refs), "shared_prefix": result.shared_prefix,
+        return {"runs": list(self.refs), "labels": list(self._labels), "shared_prefix": result.shared_prefix,
                 "first_divergence": result.first_divergence, "steps": len(result.steps),
                 "different": sum(1 for s in result.steps if not s["same"]), "totals": totals}
 

@@ -59,7 +59,7 @@ class StepsSource(Source):
             return False
         events = self.store.events(self.run_id)
         committed = [e for e in events if e["type"] == "checkpoint_committed"]
-        self.head = committed[-1]["checkpoint_id"] if committed else None
+        self.head = self.log.main_head() if committed else None  # the main line's head, as list and diff read it
         self.steps = timeline(f"{self.run_id}@{self.head}" if self.head else self.run_id, self.store, log=self.log)
         self._stamp = stamp
         return True

@@ -39,7 +39,7 @@ except ImportError:  # pragma: no cover - orjson is a dependency, optional at im
 __all__ = ["IndexedRun", "age_seconds", "check_index", "compute_entry", "drop_entry", "entry_of_view", "indexed",
            "list_runs", "refresh_entry"]
 
-INDEX_FORMAT = 1
+INDEX_FORMAT = 2  # 2: forks' own attempts, CheckpointLog main lines and branches
 
 
 class IndexedRun(dict):

@@ -427,7 +427,9 @@ function figures(cell) {
 function compareHeader(model) {
   const s = model.get("summary") || {};
   const runs = s.runs || [];
-  const parts = [h("span", { class: "cvs-title", text: runs.join(" vs ") }),
+  const labels = (s.labels || []).filter((label, i) => label !== runs[i]);
+  const parts = [h("span", { class: "cvs-title", text: runs.join(" vs "), title: (s.labels || runs).join(" vs ") }),
+    labels.length ? h("span", { class: "cvs-stat", text: labels.join(", ") }) : null,
     h("span", { class: "cvs-stat", text: `${fmtInt(s.steps ?? 0)} step(s)` }),
     h("span", { class: "cvs-stat", text: `shared prefix ${fmtInt(s.shared_prefix ?? 0)}` }),
     s.first_divergence ? badge(`first divergence: step ${s.first_divergence}`, "divergence") : badge("no divergence", "completed"),
