@@ -71,6 +71,7 @@ def test_forks_with_different_code_diverge_at_the_first_step_after_the_fork_on_t
 
     printed = cli("diff", "fork-cubes", "fork-halves")
     assert "first divergence at step 6" in printed
+    assert "  ≠ step   6  cell code; results[5]: 125 → 2.5   <- first divergence" in printed  # as the README shows it
     assert "results[5]: 125 → 2.5" in printed and "cell code changed" in printed
     assert "- " in printed and "i ** 3" in printed and "i / 2" in printed  # the code diff itself
 
