@@ -55,18 +55,18 @@ def write_steps(store: LocalStore, run_id: str, start: int, stop: int, k: float,
     namespace: dict[str, Any] = {"i": 0, "total": 0.0, "label": "", "seen": set(), "recent": []}
     with RunScope(run_id, store) as run:
         run.describe(cell_source=cell, definition_sha256=caravanserai.journal.digest({"cell": cell}))
-        saved = run.saved_names.get("values") if isinstance(run.saved_names, dict) else None
+        saved = run.notebook.saved.get("values")
         snapshot = Snapshotter(namespace, list(namespace), objects=store.objects, run_id=run_id, store_url=store.url)
         if saved:
             snapshot.restore(saved)
-        run.capture = lambda: {"values": snapshot.capture(), "at": 1}
+        run.notebook.capture = lambda: {"values": snapshot.capture(), "at": 1}
         for i in range(start, stop):
             namespace["i"], namespace["label"] = i, f"item {i}"
             namespace["total"] += i * k
             namespace["seen"].add(i % 7)
             namespace["recent"] = (namespace["recent"] + [i * k])[-5:]
             run.checkpoint({"i": i}, f"processed item {i + 1}/{stop}")
-        run.capture = None
+        run.notebook.capture = None
 
 
 def build(store: LocalStore, steps: int) -> dict:

@@ -81,10 +81,13 @@ def _progress(row: dict) -> str:
 def _format_waypoint(view: RunView, w: Any) -> str:
     """A waypoint for people: its note, and a notebook run's variables (else the state it holds)."""
     text = f"waypoint {w.n}\n\n{w.note}"
-    if w.values_seq is not None:
+    notebook = w.values_seq is not None
+    if w.has_state and not (notebook and w.loop is not None):  # a notebook loop's {"_i": N} says nothing its variables do not
+        text += f"\n\nstate: {json.dumps(view.state(w), ensure_ascii=False)}"
+    if notebook:
         shown = view.variables_shown(w, limit=160)
-        return text + "\n\nvariables:" + "".join(f"\n  {name} = {value}" for name, value in shown.items())
-    return text + (f"\n\nstate: {json.dumps(view.state(w), ensure_ascii=False)}" if w.has_state else "")
+        text += "\n\nvariables:" + "".join(f"\n  {name} = {value}" for name, value in shown.items())
+    return text
 
 
 def _format_copied(view: RunView) -> str:
@@ -230,7 +233,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
             run_id=run_id,
         )
     if any(e["type"] == "checkpoint_committed" for e in events):  # a DurableAgent run: its log's pending steps
-        from .checkpoints.runner import resume_log_run
+        from .cli_checkpoints import resume_log_run
 
         return resume_log_run(run_id, store)
     segments = Segments()

@@ -282,6 +282,58 @@ def _short(value: str | None, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+def resume_log_run(run_id: str, store: Any, *, out: Any = print) -> int:
+    """``caravanserai resume RUN`` for a DurableAgent run: run the pending steps of its main line's head
+    (a fork made with ``fork ... --new-run NEW`` is NEW's main line), committing as it goes, and say what
+    was reused and computed; with the main line done, the heads of branches forked inside the log that
+    still have steps to run. Nothing runs but the checkpoint's own backend (named in the checkpoint and
+    checked against ``agent.BACKENDS``; a local model folder must be chosen by code, never by data)."""
+    from .checkpoints.log import CheckpointLog, log_status
+    from .errors import RunNotFound
+
+    log = CheckpointLog(store, run_id)
+    status = log_status(store.events(run_id))
+    if status is None or status["latest"] is None:
+        raise RunNotFound(f"run {run_id!r} has no checkpoint log to resume", run_id=run_id)
+    main = status["latest"]
+    heads = [main] if status["status"] != "completed" else [h for h in log.heads() if _pending(log, h)]
+    if not heads:
+        out(f"{run_id}: every step of its main line and of its branches is done; nothing to resume")
+        return 0
+    for head in heads:
+        _resume_head(log, head, "main line" if head == main else "branch", out)
+    return 0
+
+
+def _pending(log: Any, head: str) -> int:
+    """Steps of ``head`` not run yet."""
+    from .checkpoints.agent import step_id
+
+    header = log.load_data(head).header
+    return sum(step_id(i) not in header["values"] for i in range(header["steps"]))
+
+
+def _resume_head(log: Any, head: str, where: str, out: Any) -> Any:
+    """Resume one head, printing a line per computed step and a summary."""
+    shown = [0]
+
+    def report(progress: Any) -> None:  # also called again after the final commit: print each step once
+        while shown[0] < progress.steps_done - progress.reused:
+            shown[0] += 1
+            out(f"  step {progress.reused + shown[0]}/{progress.steps} computed")
+
+    header = log.load_data(head).header
+    done = header["steps"] - _pending(log, head)
+    reused = "no step done yet" if not done else (
+        f"{'step 1' if done == 1 else f'steps 1-{done}'} of {header['steps']} done, reused (not recomputed)")
+    out(f"resuming {log.run_id} ({where}) at {head[:12]}: {reused}")
+    progress = log.resume(head, on_progress=report)
+    out(f"{log.run_id}: {progress.reused} step(s) reused, {progress.computed} computed ({progress.tokens} tokens); "
+        f"{progress.steps_done}/{progress.steps} steps done, head {progress.head[:12]}")
+    return progress
+
+
+
 def add_checkpoint_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     """Register inspect, lineage, fork and diff on the CLI's subparsers."""
     p = sub.add_parser("inspect", parents=[common], help="what a DurableAgent checkpoint holds (a file or an id)")

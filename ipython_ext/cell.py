@@ -223,15 +223,15 @@ class CellRun:
         self.snapshot = Snapshotter(self.namespace, self.names, objects=store.objects, run_id=run.run_id,
                                     store_url=store.url, strict=self.strict, trusted_store=store.private_to_user())
         self.trusted_output = store_trusted(store)  # the pickle rule
-        saved = run.saved_names or {}
+        saved = run.notebook.saved
         if saved.get("values"):
             self.restored = set(self.snapshot.restore(saved["values"], self.deferred, definable=self.defined))
             self.restored |= set(self.deferred)  # restored once their class is defined (see at())
             self.resume_at = saved.get("at")
         if run.completed_event is not None and not self.args.restart:
             self.execute = False  # completed: re-show, don't recompute
-        run.capture = self._capture
-        run.listeners.append(self._on_commit)
+        run.notebook.capture = self._capture
+        run.notebook.listeners.append(self._on_commit)
 
     def __exit__(self, etype: Any, error: Any, tb: Any) -> Literal[False]:  # never swallows the cell's error
         run = self.run
@@ -257,9 +257,9 @@ class CellRun:
                     self.result = _Recorded(str(recorded["repr"]),
                                             shown_bundle(recorded.get("display"), self.trusted_output))
         finally:
-            run.capture = None
-            if self._on_commit in run.listeners:
-                run.listeners.remove(self._on_commit)
+            run.notebook.capture = None
+            if self._on_commit in run.notebook.listeners:
+                run.notebook.listeners.remove(self._on_commit)
             if self.status is not None:
                 self.status.finish(etype)
             self.scope.__exit__(etype, error, tb)
@@ -350,7 +350,7 @@ class StatusLine:
             parts.append(f"{self.how} (attempt {run.attempt}"
                          + (f", restored {', '.join(self.restored)}" if self.restored else "") + ")")
         parts.append(f"{run.waypoint_count} waypoint(s)")
-        done = sum(run.progress_done.values())
+        done = sum(run.loops.done.values())
         if done:
             parts.append(f"{done} item(s) done")
         if latest is not None:

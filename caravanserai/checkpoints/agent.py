@@ -20,7 +20,6 @@ an OpenAI-compatible ``/v1/completions`` server chosen by ``VLLM_BASE_URL`` (out
 from __future__ import annotations
 
 import functools
-import hashlib
 import itertools
 import os
 import re
@@ -30,6 +29,7 @@ from typing import Any
 from ..calls.models import OpenAICompatibleModel
 from ..errors import AgentNotStarted, ModelError, SerializationError, UnknownNode, UsageError
 from . import format as fmt
+from .fake_backend import FakeBackend
 from .format import corrupt, short
 
 __all__ = ["DurableAgent", "FakeBackend", "OpenAICompletionsBackend", "decode_checkpoint", "validate_header"]
@@ -48,45 +48,6 @@ def prompt_id(step: int) -> str:
 
 def step_id(step: int) -> str:
     return f"step-{step}"
-
-
-class FakeBackend:
-    """Deterministic stand-in for a model: byte tokens, a per-token KV cache, greedy 'generation'.
-
-    Each context token gets a KV entry (``LAYERS`` × K,V × ``DIM`` float32, derived from the token
-    and its position); the next token is read from a digest of the KV so far, so the output
-    depends on every context token and the cache grows by one entry per token.
-    """
-
-    name = "fake"
-    LAYERS, DIM, NEW_TOKENS = 2, 4, 8
-    ENTRY_BYTES = LAYERS * 2 * DIM * 4
-
-    def __init__(self, model_id: str = "fake") -> None:
-        self.model_id = model_id
-        self.tokens_computed = 0
-        self.tokens_saved = 0
-
-    @staticmethod
-    def tokenize(text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def kv_entry(self, token: int | str, position: int) -> bytes:
-        self.tokens_computed += 1
-        return hashlib.blake2b(f"{token}:{position}".encode(), digest_size=self.ENTRY_BYTES).digest()
-
-    def generate(self, prompt: str, previous: Any) -> tuple[Any, bytes]:
-        context = self.tokenize(prompt) + _previous_tokens(previous)
-        kv = b"".join(self.kv_entry(t, i) for i, t in enumerate(context))
-        state = hashlib.sha256(kv).digest()
-        output: list[int] = []
-        for k in range(self.NEW_TOKENS):
-            token = state[0]
-            output.append(token)
-            entry = self.kv_entry(token, len(context) + k)
-            kv += entry
-            state = hashlib.sha256(state + entry).digest()
-        return output, kv
 
 
 class OpenAICompletionsBackend:
@@ -116,14 +77,6 @@ class OpenAICompletionsBackend:
         self.tokens_computed += reply.usage.prompt_tokens + reply.usage.completion_tokens
         self.tokens_saved += reply.usage.cached_tokens
         return reply.text, b""
-
-
-def _previous_tokens(previous: Any) -> list[Any]:
-    """The previous step's output as context tokens: a list (token ids) as is, a str or dict by item,
-    any other scalar (a forked-in number) as one token, nothing for an empty or missing output."""
-    if not previous:
-        return []
-    return list(previous) if isinstance(previous, (list, str, dict)) else [previous]
 
 
 def _backend(name: str, model_id: str):

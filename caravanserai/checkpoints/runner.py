@@ -19,7 +19,7 @@ from typing import Any
 
 from .agent import DurableAgent, step_id
 
-__all__ = ["Progress", "resume_log", "resume_log_run"]
+__all__ = ["Progress", "resume_log"]
 
 
 @dataclass
@@ -80,55 +80,6 @@ def resume_log(log: Any, checkpoint: str, *, stop: Any = None, on_progress: Any 
             _commit(log, agent, progress, progress.usage[-1]["index"])
             if on_progress is not None:
                 on_progress(progress)
-    return progress
-
-
-def resume_log_run(run_id: str, store: Any, *, out: Any = print) -> int:
-    """``caravanserai resume RUN`` for a DurableAgent run: run the pending steps of its main line's head
-    (a fork made with ``fork ... --new-run NEW`` is NEW's main line), committing as it goes, and say what
-    was reused and computed; with the main line done, the heads of branches forked inside the log that
-    still have steps to run. Nothing runs but the checkpoint's own backend (named in the checkpoint and
-    checked against ``agent.BACKENDS``; a local model folder must be chosen by code, never by data)."""
-    from ..errors import RunNotFound
-    from .log import CheckpointLog, log_status
-
-    log = CheckpointLog(store, run_id)
-    status = log_status(store.events(run_id))
-    if status is None or status["latest"] is None:
-        raise RunNotFound(f"run {run_id!r} has no checkpoint log to resume", run_id=run_id)
-    main = status["latest"]
-    heads = [main] if status["status"] != "completed" else [h for h in log.heads() if _pending(log, h)]
-    if not heads:
-        out(f"{run_id}: every step of its main line and of its branches is done; nothing to resume")
-        return 0
-    for head in heads:
-        _resume_head(log, head, "main line" if head == main else "branch", out)
-    return 0
-
-
-def _pending(log: Any, head: str) -> int:
-    """Steps of ``head`` not run yet."""
-    header = log.load_data(head).header
-    return sum(step_id(i) not in header["values"] for i in range(header["steps"]))
-
-
-def _resume_head(log: Any, head: str, where: str, out: Any) -> Progress:
-    """Resume one head, printing a line per computed step and a summary."""
-    shown = [0]
-
-    def report(progress: Progress) -> None:  # also called again after the final commit: print each step once
-        while shown[0] < progress.steps_done - progress.reused:
-            shown[0] += 1
-            out(f"  step {progress.reused + shown[0]}/{progress.steps} computed")
-
-    header = log.load_data(head).header
-    done = header["steps"] - _pending(log, head)
-    reused = "no step done yet" if not done else (
-        f"{'step 1' if done == 1 else f'steps 1-{done}'} of {header['steps']} done, reused (not recomputed)")
-    out(f"resuming {log.run_id} ({where}) at {head[:12]}: {reused}")
-    progress = log.resume(head, on_progress=report)
-    out(f"{log.run_id}: {progress.reused} step(s) reused, {progress.computed} computed ({progress.tokens} tokens); "
-        f"{progress.steps_done}/{progress.steps} steps done, head {progress.head[:12]}")
     return progress
 
 

@@ -19,7 +19,7 @@ import json
 import re
 from typing import Any
 
-from .agent import FakeBackend
+from .fake_backend import FakeBackend
 
 __all__ = ["TextBackend", "compose", "previous_text"]
 

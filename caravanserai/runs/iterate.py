@@ -100,12 +100,13 @@ def resumable_iterate(
 def _iterate(items, run_id, note, limits, key, show_progress, store) -> Iterator[Any]:
     run = open_run(run_id, store)
     in_scope = current_run() is run
-    loop = run.next_iterate_loop() if in_scope else 0
-    done = list(run.progress.get(loop, ()))
+    book = run.loops
+    loop = book.next_loop() if in_scope else 0
+    done = list(book.fingerprints.get(loop, ()))
     # Items before `base` were done by 0.2.0 ({"_i": k} state): no fingerprints to check them by.
-    legacy_offset = run.legacy_offset if loop == 0 else None
-    if loop in run.progress_done:
-        offset = run.progress_done[loop]
+    legacy_offset = book.legacy_offset if loop == 0 else None
+    if loop in book.done:
+        offset = book.done[loop]
         base = offset - len(done)
     else:
         base = offset = legacy_offset if legacy_offset is not None else 0
@@ -116,7 +117,7 @@ def _iterate(items, run_id, note, limits, key, show_progress, store) -> Iterator
     commit = _Committer(run, loop, note, limits, total, offset)
     line = ProgressLine(run_id, total, resumed_at=offset) if show_progress else None
     position = -1
-    run.active_loops.append(commit)
+    book.active.append(commit)
     try:
         if by_identity:
             seen = set(done)
@@ -148,8 +149,8 @@ def _iterate(items, run_id, note, limits, key, show_progress, store) -> Iterator
             run.complete()
             run.close()  # the loop was the whole run: let other processes have it
     finally:
-        if commit in run.active_loops:
-            run.active_loops.remove(commit)
+        if commit in book.active:
+            book.active.remove(commit)
         commit.flush()  # on break/exception: items finished before the current one
         if line:
             line.close()

@@ -201,7 +201,7 @@ class RunScope:
         run, self.owner = open_checked(self.run_id, self.store, self.identity, self.budget)
         self.run = run
         if self.owner:
-            run.reset_loops()
+            run.loops.new_attempt()
         self._token = _CURRENT.set(run)
         self._http_token = transport_journal.bind(run)
         return run
@@ -260,7 +260,7 @@ def durable(run_id: str, *, store: Store | str | None = None, definition: Any = 
         try:
             yield run
         finally:
-            run.capture = None
+            run.notebook.capture = None
 
 
 def _restore_captured(run: Run, names: Sequence[str], namespace: dict) -> None:
@@ -268,17 +268,19 @@ def _restore_captured(run: Run, names: Sequence[str], namespace: dict) -> None:
 
     snapshot = Snapshotter(namespace, names, objects=run.store.objects, run_id=run.run_id, store_url=run.store.url,
                            strict=names, trusted_store=run.store.private_to_user())
-    if (run.saved_names or {}).get("values"):
-        snapshot.restore(run.saved_names["values"])
-    run.capture = lambda: _capture_announcing(run, snapshot)
+    saved = run.notebook.saved.get("values")
+    if saved:
+        snapshot.restore(saved)
+    run.notebook.capture = lambda: _capture_announcing(run, snapshot)
 
 
 def _capture_announcing(run: Run, snapshot: Any) -> dict:
     """The captured variables; a variable newly saved with pickle is named on stderr at once."""
     values = snapshot.capture()
-    fresh = [name for name in snapshot.pickled if name not in run.announced]
+    announced = run.notebook.announced
+    fresh = [name for name in snapshot.pickled if name not in announced]
     if fresh:
-        run.announced.update(fresh)
+        announced.update(fresh)
         sys.stderr.write(f"[caravanserai] run {run.run_id!r}: saved with pickle (restorable only from a store you trust): "
                          f"{', '.join(fresh)}\n")
     return {"values": values, "at": None}

@@ -26,6 +26,7 @@ from ..events import BOUNDARIES, Segments
 from ..journal import to_json
 from ..stores import Store
 from ..stores.base import Lease
+from .bookkeeping import LoopBook, NotebookHooks
 
 __all__ = ["Run", "Waypoint", "launch_info"]
 
@@ -101,11 +102,8 @@ class Run:
         self._user_state = False  # a checkpoint() state exists: loop waypoints then leave state alone
         self._completed: dict | None = None
         self._completed_now = False
-        self.progress: dict[int, list[str]] = {}  # loop -> fingerprints of done items, in order
-        self.progress_done: dict[int, int] = {}  # loop -> items done, counting any imported from 0.2.0
-        self.legacy_offset: int | None = None
-        self.saved_names: dict = {}  # the variables saved with the last commit (notebook cells)
-        self.saved_at: int | None = None
+        self.loops = LoopBook()  # resumable_iterate's progress over this run, and its loops running now
+        self.notebook = NotebookHooks()  # a %%resumable cell's variables and status line
         self._first: dict | None = events[0] if events else None
         index, segments = self._index, self.segments
         for event in events:
@@ -114,12 +112,7 @@ class Run:
                 index(event)
         self.attempt = segments.number + 1
         self._header: list[dict] = [self._attempt_event(events, started)] if attempt or not events else []
-        self._iterate_loops = 0
-        self.capture: Any = None  # set by a notebook cell: returns the names to save with each commit
-        self.announced: set[str] = set()  # variables already reported as saved with pickle
         self.replayed: list[str] = []  # calls answered from the journal, recorded with the next append
-        self.listeners: list[Any] = []  # called with the stored events after each append (status lines, panels)
-        self.active_loops: list[Any] = []  # resumable_iterate loops running over this run right now
         self.ledger = Ledger(run_id, events, self.attempt)
         self.http_journal = True  # False: model requests over httpx/httpx2 are not journaled (durable(http_journal=False))
         self._proxy: Any = None
@@ -188,9 +181,10 @@ class Run:
         with self.lock:
             if self._closed:
                 raise RunClosed(f"run {self.run_id!r} is closed; open it again with durable()", run_id=self.run_id)
-            if self.capture is not None:
+            capture = self.notebook.capture
+            if capture is not None:
                 commits = [i for i, e in enumerate(events) if e["type"] in ("waypoint", "progress")]
-                names = self.capture() if commits else None  # a notebook cell's variables go with its commits
+                names = capture() if commits else None  # a notebook cell's variables go with its commits
                 if names:  # once per append, on its last commit event (None: not this one)
                     events = tuple({**e, "names": names} if i == commits[-1] else e for i, e in enumerate(events))
             pending: Sequence[dict] = events
@@ -218,8 +212,8 @@ class Run:
                 if len(self.opened_events) + len(self._appended) > HELD_EVENTS_MAX:
                     self._appended = None  # too long to keep: whoever needs the journal reads it
             self.store.committed(self.run_id, encoded)  # in order: views never go backwards
-        if self.listeners:
-            for listener in list(self.listeners):
+        if self.notebook.listeners:
+            for listener in list(self.notebook.listeners):
                 try:
                     listener(stored)
                 except Exception:
@@ -231,7 +225,7 @@ class Run:
         encoded = state if isinstance(state, journal.RawJSON) else journal.RawJSON(to_json(state), state)
         with self.lock:
             event = self.waypoint_event(encoded, note)
-            claimed = [p for p in (loop.claim_inflight() for loop in self.active_loops) if p is not None]
+            claimed = self.loops.claim_inflight()
             self.append(*claimed, event)
             return event["n"]
 
@@ -305,18 +299,6 @@ class Run:
         """Record that this attempt was interrupted (Ctrl-C, Kernel > Interrupt); the run stays pending."""
         self.append({"type": "interrupted"})
 
-    def reset_loops(self) -> None:
-        """A new attempt in this process: ``resumable_iterate`` loops count from 0 again."""
-        with self.lock:
-            self._iterate_loops = 0
-
-    def next_iterate_loop(self) -> int:
-        """Ordinal of the next ``resumable_iterate`` loop over this run in this attempt."""
-        with self.lock:
-            index = self._iterate_loops
-            self._iterate_loops += 1
-            return index
-
     def proxy_url(self, upstream: str) -> str:
         """A loopback base URL standing for ``upstream`` whose model requests this run journals.
 
@@ -363,13 +345,12 @@ class Run:
     def _index(self, event: dict) -> None:
         etype = event["type"]
         if "names" in event:
-            self.saved_names = event["names"]
-            self.saved_at = event.get("seq")
+            self.notebook.on_saved(event)
         if etype == "restarted":  # a fresh start inside the same run: history stays, state does not
             self._last_waypoint = None
             self._last_n, self._user_state = 0, False
-            self.progress, self.progress_done, self.legacy_offset = {}, {}, None
-            self.saved_names, self.saved_at = {}, None
+            self.loops.reset()
+            self.notebook.reset()
             self._completed = None
             return
         if etype == "waypoint":
@@ -382,13 +363,11 @@ class Run:
                 if "loop" in event:
                     pass  # our own loop's trail: its progress events are the truth
                 elif isinstance(state, dict) and set(state) == {"_i"} and isinstance(state["_i"], int):
-                    self.legacy_offset = state["_i"]  # 0.2.0's resumable_iterate progress
+                    self.loops.legacy_offset = state["_i"]  # 0.2.0's resumable_iterate progress
                 else:
                     self._user_state = True
         elif etype == "progress":
-            loop = event.get("loop", 0)
-            self.progress.setdefault(loop, []).extend(event.get("items", ()))
-            self.progress_done[loop] = event.get("done", len(self.progress[loop]))
+            self.loops.on_progress(event)
         elif etype == "run_completed":
             self._completed = event
         elif etype in ("attempt", "run_failed"):
