@@ -129,23 +129,8 @@ def measure_diff(store_path: Path, rounds: int) -> dict:
             "names_results": "recent[" in text or "total:" in text}
 
 
-PAGE_PROBE = """() => {
-  window.__cvs = {painted: [], jumped: []};
-  const seen = new WeakSet(), jumped = new WeakSet();
-  new MutationObserver(() => {
-    for (const panel of document.querySelectorAll('.cvs-panel')) {
-      if (!seen.has(panel) && panel.querySelector('.cvs-rows .cvs-row:not(.cvs-loading)')) {
-        seen.add(panel); window.__cvs.painted.push(performance.now());
-      }
-      if (!jumped.has(panel) && panel.querySelector('.cvs-rows .cvs-row.cvs-divergence.cvs-selected')) {
-        jumped.add(panel); window.__cvs.jumped.push(performance.now());
-      }
-    }
-  }).observe(document.body, {subtree: true, childList: true, attributes: true});
-}"""
-
-
 def measure_browser(root: Path, store_path: Path) -> dict | str:
+    from bench_forks import PAGE_PROBE  # the same page clock as the agent-run Compare
     from browser_helpers import JupyterServer, browser_missing, chromium, notebook, open_notebook, run_cell, wait_idle
 
     missing = browser_missing()

@@ -29,6 +29,7 @@ from browser_helpers import (
     screenshot,
     wait_idle,
 )
+from research_loop import research_loop
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -36,21 +37,11 @@ def browser_parts():
     need_browser("jupyterlab", "anywidget")
 
 
-LOOP = """\
-%%resumable {head}
-from caravanserai import resumable_iterate
-results = {{}}
-seen = set()
-for i in resumable_iterate(range(20)):
-    results[i] = {expr}
-    seen.add(i % 7)
-len(results)"""
-
 CELLS = [
     "%load_ext caravanserai",
-    LOOP.format(head="research-loop", expr="i * i"),
+    research_loop("research-loop", "i * i"),
     'from caravanserai.widgets import ForkPanel, Compare\nfp = ForkPanel("research-loop")\nfp',
-    LOOP.format(head="what-if", expr="i * 100"),  # the fork, continued with an edited cell
+    research_loop("what-if", "i * 100"),  # the fork, continued with an edited cell
     'print("what-if results:", results[4], results[5])\nCompare("research-loop", "what-if")',
 ]
 

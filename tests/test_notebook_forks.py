@@ -16,6 +16,7 @@ import sys
 
 import pytest
 from ipython_helpers import fresh_session, ip, load_extension, run
+from research_loop import research_loop
 
 import caravanserai
 from caravanserai.checkpoints.timelines import compare, timeline
@@ -27,20 +28,8 @@ from caravanserai.runs import inspect_run, read_events
 extension = pytest.fixture(scope="module", autouse=True)(load_extension)
 session = pytest.fixture(autouse=True)(fresh_session)
 
-LOOP = """\
-%%resumable {head}
-from caravanserai import resumable_iterate
-results = {{}}
-seen = set()
-for i in resumable_iterate(range(20)):
-    results[i] = {expr}
-    seen.add(i % 7)
-len(results)
-"""
-
-
 def cell(head: str, expr: str) -> None:
-    result, _ = run(LOOP.format(head=head, expr=expr))
+    result, _ = run(research_loop(head, expr))
     assert result.success, result.error_in_exec
 
 
@@ -140,7 +129,7 @@ def test_forkpanel_edits_the_cells_variables_and_an_edited_cell_continues_the_fo
 
 
 def test_a_cell_edited_in_the_middle_of_its_own_run_is_still_refused(story):
-    result, _ = run(LOOP.format(head="research-loop", expr="i + 1"))
+    result, _ = run(research_loop("research-loop", "i + 1"))
     assert not result.success and type(result.error_in_exec).__name__ == "CellChanged"
 
 

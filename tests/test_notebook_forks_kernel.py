@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from kernel_helpers import Kernel, Reply, child_env, count, events, wait_for_waypoints
+from research_loop import research_loop
 
 from caravanserai.checkpoints.timelines import compare, timeline
 from caravanserai.panels.steps import StepsSource, fork_step
@@ -28,23 +29,8 @@ ITEMS = 20
 KILL_AFTER = 8  # waypoints in the journal before the SIGKILL
 FORKS = ("fork-cubes", "fork-halves", "panel-same", "panel-edit")
 
-LOOP = """\
-%%resumable {head}
-import time
-from caravanserai import resumable_iterate
-results = {{}}
-seen = set()
-for i in resumable_iterate(range(20)):
-    print(f"item {{i}}", flush=True)
-    time.sleep(0.15)
-    results[i] = {expr}
-    seen.add(i % 7)
-len(results)
-"""
-
-
 def cell(k: Kernel, head: str, expr: str) -> Reply:
-    got = k.run(LOOP.format(head=head, expr=expr))
+    got = k.run(research_loop(head, expr, pace=0.15))
     assert got.status == "ok", f"{head}: {got.ename}: {got.evalue}\n{got.stdout}"
     assert got.result == str(ITEMS), (head, got.result)
     return got
@@ -67,7 +53,7 @@ def test_a_sigkilled_research_loop_resumes_and_its_forks_read_on_their_variables
     # 1. the loop, SIGKILLed mid-loop, re-run in the restarted kernel: it resumes at its last waypoint
     k = kernel()
     k.ok("%load_ext caravanserai")
-    k.submit(LOOP.format(head="research-loop", expr="i * i"))
+    k.submit(research_loop("research-loop", "i * i", pace=0.15))
     wait_for_waypoints(tmp_path, "research-loop", KILL_AFTER)
     k.kill_and_restart()
     at_kill = count(tmp_path, "research-loop", "waypoint")
