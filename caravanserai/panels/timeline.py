@@ -198,10 +198,10 @@ class TimelineSource(Source):
             detail["note"] = event.get("note", "")
             waypoint = next((w for w in view.waypoints if w.seq == event.get("seq")), None)
             shown = view.variables_shown(waypoint, limit=2000) if waypoint is not None else {}
+            if "state" in event and not (shown and "loop" in event):  # a notebook loop's {"_i": N} adds nothing
+                detail["state"] = pretty(event["state"])
             if shown:  # a notebook waypoint: the cell's variables, as people read them
                 detail["variables"] = "\n".join(f"{name} = {value}" for name, value in shown.items())
-            elif "state" in event:
-                detail["state"] = pretty(event["state"])
         if row["kind"] == "copied" and view.copied is not None and view.copied.code_changed:
             detail["code"] = view.copied.code_changed
         call = view.call(row["call_id"]) if row["kind"] in ("call", "replay") else None

@@ -296,8 +296,8 @@ function timelineDetail(detail) {
     note.innerHTML = markdown(detail.note);
     parts.push(note);
   }
-  if (detail.variables !== undefined) parts.push(pre("variables", detail.variables));
   if (detail.state !== undefined) parts.push(pre("state", detail.state));
+  if (detail.variables !== undefined) parts.push(pre("variables", detail.variables));
   if (detail.code !== undefined) parts.push(pre("cell code changed", detail.code));
   if (detail.event !== undefined) parts.push(pre("event", detail.event));
   if (detail.result !== undefined) parts.push(pre("result", detail.result));
