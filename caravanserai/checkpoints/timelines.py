@@ -18,6 +18,7 @@ import difflib
 import functools
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,7 @@ from ..errors import UsageError
 from ..runs.api import readable_run_id
 from ..runs.lifecycle import require_events
 from ..runs.values import changes
-from ..runs.view import RunView, show_value
+from ..runs.view import RunView, saved_value, show_value
 from ..stores import Store, open_store
 
 __all__ = ["Comparison", "Step", "compare", "parse_ref", "resolve_ref", "step_text", "timeline", "word_diff"]
@@ -52,12 +53,12 @@ class Step:
     tokens: int | None = None
     usd: float | None = None
     latency_s: float | None = None
-    variables: dict[str, Any] | None = None  # a notebook waypoint's saved variables (name -> typed JSON)
+    saved: Mapping[str, Any] | None = None  # a notebook waypoint's saved variables, as the journal holds them
     code: str | None = None  # the notebook cell's source that computed it
 
     def key(self) -> str:
         """What two steps must share to be the same step (prompt, note, value, variables and code)."""
-        fields = [self.prompt, self.note, self.value, self.variables, self.code]
+        fields = [self.prompt, self.note, self.value, self.saved, self.code]
         if _orjson is not None:
             try:
                 return _orjson.dumps(fields, option=_orjson.OPT_SORT_KEYS | _orjson.OPT_NON_STR_KEYS,
@@ -65,6 +66,12 @@ class Step:
             except TypeError:  # an integer beyond 64 bits: the standard encoder below
                 pass
         return json.dumps(fields, sort_keys=True, ensure_ascii=False, default=repr)
+
+    @functools.cached_property
+    def variables(self) -> dict[str, Any] | None:
+        """A notebook step's variables, name -> value as data (``RunView.variables``); None for other steps.
+        Made when asked: aligning two 10,000-step timelines compares the saved entries as they are."""
+        return None if self.saved is None else {name: saved_value(entry) for name, entry in self.saved.items()}
 
     def text(self, limit: int | None = 80) -> str:
         """The step's value as people read it: a notebook step's variables (``results = {0: 0, …}``), else ``step_text``."""
@@ -96,9 +103,15 @@ class Comparison:
                 for i, c in enumerate(cells)]
 
     def to_dict(self) -> dict:
-        steps = [{**step, "changes": self.changes(i)} if not step["same"] and any(c and c.variables is not None
-                                                                                   for c in self.cells[i]) else step
-                 for i, step in enumerate(self.steps)]
+        steps = []
+        for i, step in enumerate(self.steps):
+            cells = self.cells[i]
+            if any(c is not None and c.saved is not None for c in cells):  # a notebook step: its variables, its changes
+                step = {**step, "values": [c.variables if c is not None and c.saved is not None else
+                                           (c.value if c else None) for c in cells]}
+                if not step["same"]:
+                    step["changes"] = self.changes(i)
+            steps.append(step)
         return {"runs": list(self.runs), "shared_prefix": self.shared_prefix,
                 "first_divergence": self.first_divergence, "steps": steps}
 
@@ -253,11 +266,11 @@ def _waypoint_steps(view: RunView) -> list[Step]:
         models = [c for c in mine if c.kind == "model" and c.status == "settled"]
         priced = [c.usd for c in models if c.usd is not None]
         notebook = w.values_seq is not None
-        variables = view.variables(w) if notebook else None
-        out.append(Step(w.n, w.note, variables if notebook else view.event(w.seq).get("state"), note=w.note,
+        out.append(Step(w.n, w.note, None if notebook else view.event(w.seq).get("state"), note=w.note,
                         tokens=sum(c.total_tokens or 0 for c in models),
                         usd=round(sum(priced), 9) if len(priced) == len(models) else None,
-                        latency_s=w.duration_s, variables=variables, code=w.code if notebook else None))
+                        latency_s=w.duration_s, saved=view.saved_entries(w) if notebook else None,
+                        code=w.code if notebook else None))
         previous_seq = w.seq
     return out
 
@@ -294,13 +307,13 @@ def compare(*timelines: tuple[str, list[Step]]) -> Comparison:
 def _same(a: Step, b: Step) -> bool:
     """The same step: == first (unequal values differ as JSON too), then exactly (== takes 1 for True or 1.0)."""
     return (a.prompt == b.prompt and a.note == b.note and a.value == b.value and a.code == b.code
-            and a.variables == b.variables and a.key() == b.key())
+            and a.saved == b.saved and a.key() == b.key())
 
 
 def _changes(step: Step, base: Step) -> list[dict]:
     """What differs in a notebook step against the baseline's: each variable's changed entries
     (``{"name", "path", "old", "new"}``) and the cell's code (``{"name": "cell code", "diff"}``)."""
-    if step.variables is None and base.variables is None:
+    if step.saved is None and base.saved is None:
         return []
     out: list[dict] = []
     if step.code != base.code and step.code is not None and base.code is not None:

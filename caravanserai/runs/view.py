@@ -128,12 +128,18 @@ class RunView:
         data: the typed JSON the cell saved (``values.show`` renders it), or for a value saved as
         bytes (Parquet, ``.npy``, pickle) a ``{"$t": codec, "sha256": ...}`` stand-in, never loaded.
         Empty for a waypoint of a run that saves no variables."""
+        saved = self.saved_entries(n)
+        return {} if saved is None else {name: saved_value(entry) for name, entry in saved.items()}
+
+    def saved_entries(self, n: int | WaypointView | None = None) -> dict[str, Any] | None:
+        """The saved-variable entries of waypoint ``n`` as the journal holds them (``variables`` reads
+        them as data); None when it saved none. Do not modify them."""
         waypoint = self._waypoint(n)
         if waypoint is None or waypoint.values_seq is None:
-            return {}
+            return None
         names = self._events[waypoint.values_seq].get("names")
         saved = names.get("values") if isinstance(names, dict) else None
-        return {name: saved_value(entry) for name, entry in saved.items()} if isinstance(saved, dict) else {}
+        return saved if isinstance(saved, dict) else None
 
     def variables_shown(self, n: int | WaypointView | None = None, limit: int | None = 80) -> dict[str, str]:
         """``variables(n)`` as people read them (``{0: 0, 1: 1}``, ``{1, 2}``), each cut to ``limit`` characters."""
