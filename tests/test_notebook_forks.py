@@ -28,9 +28,12 @@ from caravanserai.runs import inspect_run, read_events
 extension = pytest.fixture(scope="module", autouse=True)(load_extension)
 session = pytest.fixture(autouse=True)(fresh_session)
 
-def cell(head: str, expr: str) -> None:
-    result, _ = run(research_loop(head, expr))
+
+def cell(head: str, expr: str) -> str:
+    """Run the research-loop cell; its printed output (the status line, in this terminal-style shell)."""
+    result, out = run(research_loop(head, expr))
     assert result.success, result.error_in_exec
+    return out
 
 
 def cli(*args: str) -> str:
@@ -41,9 +44,11 @@ def cli(*args: str) -> str:
 
 @pytest.fixture
 def story(project):
-    cell("research-loop", "i * i")
-    cell("fork-cubes --from research-loop@5", "i ** 3")
+    first = cell("research-loop", "i * i")
+    forked = cell("fork-cubes --from research-loop@5", "i ** 3")
     cell("fork-halves --from research-loop@5", "i / 2")
+    assert "resumed" not in first and "forked" not in first
+    assert "forked from research-loop (attempt 1, restored " in forked and "resumed" not in forked
     return project
 
 
@@ -145,3 +150,12 @@ def test_the_cli_follows_notebook_forks(story):
     view = inspect_run("cli-fork")
     assert view.status == "completed" and [(a.number, a.end) for a in view.attempts] == [(1, "completed")]
     assert ip.user_ns["results"][6] == 36 and ip.user_ns["results"][7] == -7
+
+
+def test_a_restart_reads_restarted_and_a_kill_free_history_has_no_killed_attempt(story):
+    again = cell("research-loop --restart", "i + 1")
+    assert "restarted (attempt 2" in again and "resumed" not in again
+    view = inspect_run("research-loop")
+    assert [(a.number, a.kind, a.end) for a in view.attempts] == [(1, "started", "completed"), (2, "restarted", "completed")]
+    assert all(w.duration_s is not None and w.duration_s >= 0 for w in view.waypoints)
+    assert "2. restarted" in cli("show", "research-loop", "--all")
