@@ -220,3 +220,32 @@ def test_a_forks_views_link_the_parents_files_and_render_its_edited_waypoint(pro
     assert "(edited in this fork: state)" in edited and (root / "viewed" / "waypoint-3.md").stat().st_ino != \
         (root / "parent" / "waypoint-3.md").stat().st_ino
     assert json.loads((root / "viewed" / "state.json").read_text()) == {"step": 3, "answers": ["x"]}
+
+
+def test_a_journal_naming_a_parent_outside_the_store_links_no_file_in(project):
+    """The views renderer links a fork's copied waypoints from its parent's directory, named by the journal:
+    a forged ``../`` parent names no file, the waypoint is rendered from the event instead."""
+    from caravanserai import open_store
+    from caravanserai.runs.lifecycle import registry
+
+    secret = project / "outside" / "waypoint-1.md"
+    secret.parent.mkdir()
+    secret.write_text("not yours\n")
+    store = open_store()
+    origin = {"run_id": "../outside", "seq": 1, "waypoint": 1, "copied": 1, "started_at": "2026-12-02T00:00:00.000000+00:00"}
+    run = registry.open("forged", store, attempt=False, started={"forked_from": origin})
+    try:
+        run.append({"type": "waypoint", "n": 1, "note": "copied note", "state": {}},
+                   {"type": "waypoint", "n": 2, "note": "fork point", "state": {}},
+                   {"type": "forked", "parent_run": "../outside", "at_waypoint": 2, "parent_seq": 2})
+    finally:
+        run.close()
+    view = project / ".caravanserai" / "forged" / "waypoint-1.md"
+    assert "copied note" in view.read_text() and view.stat().st_ino != secret.stat().st_ino
+
+
+@pytest.mark.parametrize("variables", [["results"], {1: 2}, "results = 1"])
+def test_fork_variables_must_name_variables(project, parent, variables):
+    with pytest.raises(caravanserai.UsageError, match="maps variable names to values"):
+        fork("parent", at=2, new_run_id="bad-vars", variables=variables)
+    assert not caravanserai.open_store().load("bad-vars")

@@ -71,6 +71,9 @@ def fork(run_id: str, at: int | None = None, new_run_id: str | None = None, stor
         if point.get("state") != state or to_json(point.get("state")) != new_state.text:
             edits.append("state")
     saved = saved_names(events, cut)
+    if variables is not None and not (isinstance(variables, dict) and all(isinstance(k, str) for k in variables)):
+        raise UsageError(f"variables= maps variable names to values, got {type(variables).__name__}; "
+                         "e.g. variables={'results': {0: 0}} (nothing was written)")
     if variables:
         saved, changed = edit_names(saved, variables, run_id)
         edits.extend(changed)

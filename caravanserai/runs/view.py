@@ -708,9 +708,11 @@ def _str(value: Any) -> str | None:
 
 def _duration(start: dict, end: dict | None) -> float | None:
     """Seconds from ``start`` to ``end`` (their ``at``); None when unknown."""
-    if end is None:
-        return None
-    a, b = start.get("at"), end.get("at")
+    return None if end is None else _between(start.get("at"), end.get("at"))
+
+
+def _between(a: Any, b: Any) -> float | None:
+    """Seconds from time ``a`` to time ``b`` (journal strings); None when unknown."""
     if type(a) is str and type(b) is str and len(a) == len(b) == 32 and a[:10] == b[:10] and a[26:] == b[26:] == "+00:00":
         try:  # the journal's own form, same day: from the clock fields (parsing two datetimes costs 10x more)
             return round(_clock(b) - _clock(a), 6)
@@ -724,14 +726,7 @@ def _duration(start: dict, end: dict | None) -> float | None:
 
 def _step_seconds(start: str | None, end: str) -> float | None:
     """A step's own seconds, from the start of its segment (or the previous waypoint) to ``end``; never negative."""
-    if start is None:
-        return None
-    if len(start) == len(end) == 32 and start[:10] == end[:10] and start[26:] == end[26:] == "+00:00":
-        try:  # the journal's own form, same day (see _duration)
-            return max(0.0, round(_clock(end) - _clock(start), 6))
-        except ValueError:
-            pass
-    seconds = _duration({"at": start}, {"at": end})
+    seconds = None if start is None else _between(start, end)
     return None if seconds is None else max(0.0, seconds)
 
 

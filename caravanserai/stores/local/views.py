@@ -26,7 +26,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from ...errors import InvalidRunId
 from ...events import fork_origin
+from ...ids import validate_run_id
 from ...journal import RawJSON
 from .files import write_file_atomic
 
@@ -95,7 +97,7 @@ class _Pending:
             if etype == "run_started" and not event.get("imported_from"):
                 self.meta = event
                 origin = fork_origin(event)
-                self.parent = origin["run_id"] if origin is not None else None
+                self.parent = _run_id_or_none(origin["run_id"]) if origin is not None else None
             elif etype == "waypoint":
                 if self.parent is not None:  # the parent's file says the same (n, time, note): linked, not rendered
                     self.copied.append((event["n"], event["at"], event.get("note", ""), self.parent))
@@ -112,6 +114,15 @@ class _Pending:
 
 def _write(path: Path, text: str) -> None:
     write_file_atomic(path, text.encode("utf-8"), durable=False)
+
+
+def _run_id_or_none(value: str) -> str | None:
+    """A parent named by the journal, as a sibling directory to link from: only a valid run id (a
+    forged ``../..`` names no file); None otherwise (the copied waypoints are rendered instead)."""
+    try:
+        return validate_run_id(value)
+    except InvalidRunId:
+        return None
 
 
 def _link(source: Path, target: Path) -> bool:
