@@ -12,7 +12,9 @@
    (``CompareSource`` reading and aligning both forks, ``poll``), its first window of rows (what
    the panel paints first) and **the jump** (the row of the first divergence and the window around
    it, as the panel scrolls there); **``caravanserai diff``** of the two forks (in-process, output
-   discarded; and as a fresh process, interpreter start included).
+   discarded; and as a fresh process, interpreter start included). Each is printed as a ratio to
+   its floor measured in the same run: copying the parent's journal file with an fsync (a fork),
+   reading the two forks' journals and parsing every line with orjson (Compare, diff).
 3. In Debian's Chromium against JupyterLab (skipped with ``--no-browser`` or without Chromium):
    ``Compare`` of the two forks built in a cell and displayed in the next, page clock from the
    display cell sent to the first rows drawn and to the divergence row drawn selected.
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import os
 import statistics
 import subprocess
 import sys
@@ -33,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import REPO, fmt_time, machine_notes, md_table, parse_args, save_results, say, say_verdict, workdir
+from _common import REPO, fmt_ratio, fmt_time, machine_notes, md_table, parse_args, save_results, say, say_verdict, workdir
 
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
@@ -91,6 +94,31 @@ def measure_fork(store: LocalStore, at: int, rounds: int) -> list[float]:
         caravanserai.fork("nb", at=at, new_run_id=f"nb-at-{at}-{r}", store=store)
         times.append(time.perf_counter() - t0)
     return times
+
+
+def measure_floors(store_path: Path, steps: int, rounds: int) -> dict:
+    """What the same work costs at the bottom, in this process: for a fork, copying the parent's journal
+    file and fsyncing it (no parsing, no re-hashing, no views); for Compare and diff, reading the two
+    forks' journal files and parsing every line with orjson (no verification, no alignment)."""
+    import orjson
+
+    parent = store_path / "nb" / "journal.jsonl"
+    copies, reads = [], []
+    for r in range(rounds):
+        target = store_path.parent / f"floor-copy-{r}.jsonl"
+        t0 = time.perf_counter()
+        with open(parent, "rb") as src, open(target, "wb") as dst:
+            dst.write(src.read())
+            dst.flush()
+            os.fsync(dst.fileno())
+        copies.append(time.perf_counter() - t0)
+        target.unlink()
+        t0 = time.perf_counter()
+        for run in ("nb-cubes", "nb-halves"):
+            for line in (store_path / run / "journal.jsonl").read_bytes().splitlines():
+                orjson.loads(line)
+        reads.append(time.perf_counter() - t0)
+    return {"copy_journal_s": copies, "parse_two_journals_s": reads}
 
 
 def measure_compare(store: LocalStore, rounds: int) -> dict:
@@ -180,6 +208,7 @@ def main() -> int:
         results["fork_s"] = {10: measure_fork(store, 10, args.rounds), steps: measure_fork(store, steps, args.rounds)}
         results["compare"] = measure_compare(store, args.rounds)
         results["diff"] = measure_diff(store_path, args.rounds)
+        results["floors"] = measure_floors(store_path, steps, args.rounds)
         results["browser"] = "skipped (--no-browser)" if args.no_browser else measure_browser(root, store_path)
         store.close()
     report(results, steps)
@@ -200,7 +229,14 @@ def report(results: dict, steps: int) -> None:
             ("  jump: the divergence row, its window and its detail", fmt_time(med(compare["jump_s"]))),
             ("caravanserai diff, in-process", fmt_time(med(diff["in_process_s"]))),
             ("caravanserai diff, a fresh process", fmt_time(diff["process_s"]))]
-    say("\n".join(md_table(("in this process (median)", "time"), rows)))
+    floors = results["floors"]
+    copy, parse = med(floors["copy_journal_s"]), med(floors["parse_two_journals_s"])
+    ratios = [fmt_ratio(med(forks[10]) / copy), fmt_ratio(med(forks[steps]) / copy), fmt_ratio(med(compare["build_s"]) / parse),
+              "", "", fmt_ratio(med(diff["in_process_s"]) / parse), ""]
+    rows = [(*row, ratio) for row, ratio in zip(rows, ratios, strict=True)]
+    say("\n".join(md_table(("in this process (median)", "time", "× its floor"), rows)))
+    say(f"floors: copying the parent's journal file + fsync {fmt_time(copy)} (a fork); reading the two forks' "
+        f"journals and parsing every line with orjson {fmt_time(parse)} (Compare, diff)")
     browser = results["browser"]
     if isinstance(browser, dict):
         say("\n" + "\n".join(md_table(("Compare in Chromium (JupyterLab)", "time"), [
