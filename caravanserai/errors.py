@@ -390,8 +390,18 @@ class RunError(CaravanseraiError):
     code = "run_error"
 
 
+#: What a missing run's error says to do, in words that read the same in a terminal and a notebook.
+LIST_HINT = "check the id with `caravanserai list` (`%caravanserai list` in a notebook)"
+
+
 class RunNotFound(RunError, LookupError):
     code = "run_not_found"
+
+    @classmethod
+    def in_store(cls, run_id: str, store_url: str | None = None, *, yet: bool = False) -> RunNotFound:
+        """The one message for a run id a store does not hold (CLI, panels, API), with ``LIST_HINT``."""
+        where = f" in {store_url}" if store_url else ""
+        return cls(f"no run {run_id!r}{where}{' (yet)' if yet else ''}: {LIST_HINT}", run_id=run_id)
 
 
 class RunClosed(RunError):

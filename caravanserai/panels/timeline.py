@@ -140,7 +140,7 @@ def run_summary_row(view: RunView) -> dict:
 
 
 def raise_missing(run_id: str, store: Store) -> None:
-    raise RunNotFound(f"no run {run_id!r} in {store.url} (yet): check the id with %caravanserai list", run_id=run_id)
+    raise RunNotFound.in_store(run_id, store.url, yet=True)
 
 
 class TimelineSource(Source):

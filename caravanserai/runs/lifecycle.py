@@ -132,8 +132,7 @@ def require_events(run_id: str, store: Store | str | None = None) -> list[dict]:
     """``read_events``, or RunNotFound naming the store when the run has none."""
     events = read_events(run_id, store)
     if not events:
-        raise RunNotFound(f"no checkpoints for run {run_id!r} in {open_store(store).url}; "
-                          "check the id with `caravanserai list`", run_id=run_id)
+        raise RunNotFound.in_store(run_id, open_store(store).url)
     return events
 
 
