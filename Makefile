@@ -9,6 +9,8 @@ $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
+	# what the wheel installs as a data file (an editable install skips data files)
+	install -D -m 644 jupyter-config/lab/settings/overrides.d/caravanserai.json $(VENV)/share/jupyter/lab/settings/overrides.d/caravanserai.json
 	touch $@
 
 # The seed's transcript: run, Ctrl-C after step 3, run again (resumes at 4/5), show the waypoint.

@@ -109,6 +109,10 @@ class JupyterServer:
         with urllib.request.urlopen(self.url("api/kernels"), timeout=10) as response:
             return json.loads(response.read())
 
+    def delete(self, path: str) -> None:
+        """``DELETE`` an API path (a kernel, a session)."""
+        urllib.request.urlopen(urllib.request.Request(self.url(path), method="DELETE"), timeout=30).read()
+
     def stop(self) -> None:
         try:
             request = urllib.request.Request(self.url("api/shutdown"), method="POST")

@@ -40,8 +40,11 @@ def test_wheel_installs_only_the_caravanserai_package(tmp_path):
                    check=True, capture_output=True)
     wheel = next(tmp_path.glob("caravanserai-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
-    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert top == {"caravanserai"}
+    # the one data file: JupyterLab saves widget state with notebooks (panels reopen as pictures)
+    data = [n.split(".data/data/", 1)[1] for n in names if ".data/" in n]
+    assert data == ["share/jupyter/lab/settings/overrides.d/caravanserai.json"]
     assert "caravanserai/ipython_ext/__init__.py" in names and "caravanserai/widgets/__init__.py" in names
     assert "caravanserai/__main__.py" in names and "caravanserai/testing/conformance.py" in names
 

@@ -16,6 +16,7 @@ from caravanserai.panels.compare import CompareSource
 from caravanserai.stores import Store
 
 from .panel import Panel
+from .saved import reopen_call
 
 COMPARE_POLL_SECONDS = 0.5
 
@@ -44,6 +45,7 @@ class Compare(Panel):
                  live: bool = True) -> None:
         names, store = _refs_and_store(refs, store)
         super().__init__(CompareSource(names, store, only_diff=only_diff, fold=fold), only_diff=only_diff, fold=fold)
+        self._reopen = reopen_call("Compare", *refs, store=store)
         if not self.tick():
             self.send_window()
         if live:

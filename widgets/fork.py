@@ -23,6 +23,7 @@ from caravanserai.stores import Store
 
 from .compare import Compare
 from .panel import Panel
+from .saved import SavedFallback, reopen_call
 from .timeline import Timeline
 
 JOB_PUSH_SECONDS = 0.1  # the progress shown in the browser is at most this old
@@ -60,7 +61,7 @@ class ForkSteps(Panel):
             self.owner.compare()
 
 
-class ForkPanel(ipywidgets.VBox):
+class ForkPanel(SavedFallback, ipywidgets.VBox):
     """``ForkPanel(log_or_run, store=None, live=True)``; ``fork(step, text)`` does what the Fork button does."""
 
     def __init__(self, log_or_run: Any, store: Store | str | None = None, *, live: bool = True) -> None:
@@ -72,6 +73,10 @@ class ForkPanel(ipywidgets.VBox):
         self._live = live
         self._pushed = 0.0
         super().__init__([self.steps])
+        self._reopen = reopen_call("ForkPanel", log_or_run, store=store)
+
+    def _saved_summary(self) -> dict:
+        return self.steps._saved_summary()
 
     @property
     def source(self) -> StepsSource:

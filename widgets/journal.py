@@ -18,6 +18,7 @@ from caravanserai.runs.follow import Follower
 from caravanserai.stores import Store
 
 from .panel import Panel
+from .saved import reopen_call
 
 SORTABLE = ("seq", "at", "type", "attempt", "call_id", "summary")
 
@@ -35,6 +36,7 @@ class JournalTable(Panel):
         super().__init__(panel="journal")
         self.run_id = run_id
         self._store = store
+        self._reopen = reopen_call("JournalTable", run_id, store=store)
         self._follower: Follower | None = None
         self._df: Any = None
         self._shown: Any = None

@@ -18,6 +18,7 @@ from caravanserai.stores import Store
 
 from .compare import Compare
 from .panel import Panel
+from .saved import SavedFallback, reopen_call
 from .timeline import Timeline
 
 LINEAGE_POLL_SECONDS = 1.0
@@ -52,7 +53,7 @@ class LineageTree(Panel):
             self.comparer(list(ids))
 
 
-class Lineage(ipywidgets.VBox):
+class Lineage(SavedFallback, ipywidgets.VBox):
     """``Lineage(run_or_log, store=None, live=True)``: the fork tree, and under it the Timeline or Compare opened from it."""
 
     def __init__(self, run_or_log: Any, store: Store | str | None = None, *, live: bool = True) -> None:
@@ -62,6 +63,10 @@ class Lineage(ipywidgets.VBox):
         self.tree.opener = self.open_timeline
         self.tree.comparer = self.compare
         super().__init__([self.tree])
+        self._reopen = reopen_call("Lineage", run_or_log, store=store)
+
+    def _saved_summary(self) -> dict:
+        return self.tree._saved_summary()
 
     @property
     def source(self) -> LineageSource:

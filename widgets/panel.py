@@ -25,13 +25,15 @@ import traitlets
 from caravanserai.errors import UsageError
 from caravanserai.panels.source import Source, one_line
 
+from .saved import SavedFallback
+
 STATIC = Path(__file__).parent / "static"
 POLL_SECONDS = 0.2  # a live panel shows new events within this plus one round trip
 WINDOW = 200  # rows sent when the browser has not asked yet
 STALE_SECONDS = 150.0  # no word from any view for this long (a closed tab): stop polling until one speaks
 
 
-class Panel(anywidget.AnyWidget):
+class Panel(SavedFallback, anywidget.AnyWidget):
     """Shared traits and windowing; subclasses give the rows and the detail of a clicked row."""
 
     _esm = STATIC / "panels.js"
@@ -51,6 +53,9 @@ class Panel(anywidget.AnyWidget):
     follow = traitlets.Bool(True).tag(sync=True)
     start_at_end = traitlets.Bool(False).tag(sync=True)
     jump = traitlets.Int(-1).tag(sync=True)  # a row to scroll to and select on first paint
+    # this widget's model id: the browser asks its widget manager whether that model still has a
+    # kernel behind it (a view drawn from state saved with the notebook has none: panels.js)
+    self_id = traitlets.Unicode("").tag(sync=True)
 
     def __init__(self, source: Source | None = None, **kwargs: Any) -> None:
         super().__init__(**({"panel": source.panel} if source is not None else {}), **kwargs)
@@ -68,6 +73,10 @@ class Panel(anywidget.AnyWidget):
         if source is not None and source.options:
             self.observe(self._on_option, names=list(source.options))
         self.on_msg(self._on_message)
+        self.self_id = self.model_id or ""
+
+    def _saved_summary(self) -> dict:
+        return dict(self.summary or {})
 
     # ---- what a source (or a subclass) gives ---------------------------------------------------
     def _row_count(self) -> int:

@@ -15,6 +15,7 @@ from caravanserai.stores import Store, open_store
 
 from .charts import png, runs_chart
 from .panel import Panel
+from .saved import SavedFallback, reopen_call
 from .timeline import Timeline
 
 RUNS_POLL_SECONDS = 1.0
@@ -80,7 +81,7 @@ class RunsList(Panel):
         return {"title": f"{row['run_id']}: its timeline is below"}
 
 
-class Runs(ipywidgets.VBox):
+class Runs(SavedFallback, ipywidgets.VBox):
     """``Runs(store=None)``: the runs of a store; click one to open its Timeline under the list."""
 
     def __init__(self, store: Store | str | None = None, *, live: bool = True) -> None:
@@ -93,6 +94,10 @@ class Runs(ipywidgets.VBox):
         self.chart: ipywidgets.Image | None = None
         self.chart_button.observe(lambda change: self.show_chart(change["new"]), names=["value"])
         super().__init__([self.list, self.chart_button])
+        self._reopen = reopen_call("Runs", store=store)
+
+    def _saved_summary(self) -> dict:
+        return {"runs": self.list.total}
 
     def show_chart(self, show: bool = True) -> None:
         """Show (or hide) the attempts and cost per run of the runs listed now, under the list."""

@@ -14,6 +14,7 @@ from caravanserai.runs.view import RunView
 from caravanserai.stores import Store
 
 from .panel import Panel
+from .saved import reopen_call
 
 __all__ = ["Timeline", "raise_missing", "row_dict", "run_summary_row", "timeline_rows"]
 
@@ -26,6 +27,7 @@ class Timeline(Panel):
     def __init__(self, run_id: str, store: Store | str | None = None, *, live: bool = True, fold: bool = True) -> None:
         self.run_id = run_id
         super().__init__(TimelineSource(run_id, store, fold=fold), fold=fold)
+        self._reopen = reopen_call("Timeline", run_id, store=store)
         if not self.tick():
             self.send_window()
         if live:

@@ -73,9 +73,17 @@ function fmtDuration(seconds) {
   return `${Math.floor(seconds / 60)} min ${Math.round(seconds % 60)} s`;
 }
 
+// plain dollars, as caravanserai's usd_text writes them: "$0", "$12.34", "$0.015", "$0.00042"
+function dollars(usd) {
+  const size = Math.abs(Number(usd));
+  if (size === 0) return "$0";
+  if (size >= 1) return `$${size.toFixed(2)}`;
+  return `$${String(Number(size.toPrecision(3))).replace(/^(\d+\.\d*?)0+$/, "$1")}`;
+}
+
 function fmtUsd(usd, priced) {
   if (priced === false || usd === null || usd === undefined) return "unpriced";
-  return `$${Number(usd).toFixed(usd >= 0.01 ? 4 : 6)}`;
+  return `${Number(usd) < 0 ? "−" : ""}${dollars(usd)}`;
 }
 
 function fmtInt(n) {
@@ -105,6 +113,8 @@ class Shell {
     if (toolbar) toolbar(this.toolbarEl);
     if (columns) columns(this.columnsEl);
     this.pending = null;
+    this.saved = false; // drawn from the notebook's saved widget state (savedPicture)
+    this.hold = null; // [row, px from the top]: a row the reader acted on, kept in place while rows change
     // whether new rows should scroll into view: decided by where the reader left the list, not
     // re-measured when rows arrive (the list may already have grown under the reader by then)
     this.following = true;
@@ -136,7 +146,7 @@ class Shell {
   draw() {
     const total = this.model.get("total") || 0;
     this.spacer.style.height = `${total * ROW}px`;
-    this.scroller.style.height = `${Math.min(MAX_HEIGHT, Math.max(3, total) * ROW + 2)}px`;
+    this.scroller.style.height = `${Math.min(MAX_HEIGHT, Math.max(1, total) * ROW + 2)}px`;
     this.root.dataset.total = String(total);
     const [first, count] = this.visibleRange();
     this.request(first, count);
@@ -165,18 +175,34 @@ class Shell {
   }
 
   drawHeader() {
-    this.headerEl.replaceChildren(...this.header(this.model).filter(Boolean));
     const error = this.model.get("error");
+    this.headerEl.replaceChildren(...this.header(this.model).filter(Boolean), statusBadge(this.model, this.saved, error));
     this.errorEl.textContent = error || "";
     this.errorEl.style.display = error ? "block" : "none";
     // nothing could be read: the error line alone, not an empty list with zero counts
     this.root.classList.toggle("cvs-broken", Boolean(error) && !(this.model.get("total") > 0));
+    this.root.classList.toggle("cvs-saved-view", Boolean(this.saved));
   }
 
   drawDetail(render) {
     const detail = this.model.get("detail") || {};
     this.detailEl.replaceChildren(...(Object.keys(detail).length ? render(detail) : []));
     this.detailEl.style.display = Object.keys(detail).length ? "block" : "none";
+  }
+
+  // Keep row ``index`` where the reader sees it while the rows change under it (a fold flipped, a
+  // shared run of steps unfolded): restored by keepHeld() when the new rows arrive.
+  holdRow(index) {
+    const at = index ?? this.visibleRange()[0];
+    this.hold = [at, at * ROW - this.scroller.scrollTop];
+    this.following = false;
+  }
+
+  keepHeld() {
+    if (!this.hold) return false;
+    const [index, offset] = this.hold;
+    this.scroller.scrollTop = Math.max(0, index * ROW - offset);
+    return true;
   }
 
   scrollToEnd() {
@@ -191,6 +217,30 @@ class Shell {
 
 function badge(text, kind) {
   return h("span", { class: `cvs-badge cvs-${kind}`, text });
+}
+
+const SAVED_HINT = "a picture saved with the notebook: no kernel holds this panel; run its cell again to open it live";
+
+// "live" while a kernel polls the panel; "saved" for a view drawn from the notebook's saved widget
+// state; nothing in an error state (a live badge beside an error reads as "all is well")
+function statusBadge(model, saved, error) {
+  if (saved) return h("span", { class: "cvs-badge cvs-saved", text: "saved", title: SAVED_HINT });
+  if (error || !model.get("live")) return null;
+  return badge("live", "live");
+}
+
+// Whether this view was drawn from widget state saved with the notebook (no kernel behind the model):
+// the widget manager's model for our id has no live comm. Resolves false where that cannot be told.
+async function savedPicture(model) {
+  const id = model.get("self_id");
+  const manager = model.widget_manager;
+  if (!id || !manager || typeof manager.get_model !== "function") return false;
+  try {
+    const backbone = await manager.get_model(id);
+    return Boolean(backbone) && backbone.comm_live === false;
+  } catch (_) {
+    return false;
+  }
 }
 
 function pre(title, text) {
@@ -221,7 +271,6 @@ function timelineHeader(model) {
   if (s.replayed) parts.push(h("span", { class: "cvs-stat", text: `${fmtInt(s.replayed)} replayed free` }));
   if (s.steps) parts.push(h("span", { class: "cvs-stat", text: `${fmtInt(s.steps_done ?? 0)}/${fmtInt(s.steps)} agent steps done` }));
   if (s.parent) parts.push(h("span", { class: "cvs-stat", text: `forked from ${s.parent}` }));
-  if (model.get("live")) parts.push(badge("live", "live"));
   return parts;
 }
 
@@ -311,7 +360,7 @@ function mountTimeline(model, el) {
     renderRow: timelineRow,
     toolbar: (bar) => {
       const fold = h("label", { class: "cvs-check" },
-        h("input", { type: "checkbox", onchange: (e) => { model.set("fold", e.target.checked); model.save_changes(); } }),
+        h("input", { type: "checkbox", onchange: (e) => { shell.holdRow(); model.set("fold", e.target.checked); model.save_changes(); } }),
         " fold loop progress");
       fold.querySelector("input").checked = model.get("fold");
       const end = h("button", { class: "cvs-button", text: "⇣ end", onclick: () => shell.scrollToEnd() });
@@ -339,16 +388,21 @@ function mountJournal(model, el) {
     },
     renderRow: journalRow,
     columns: (bar) => {
-      for (const [key, label] of JOURNAL_COLUMNS) {
-        bar.append(h("span", {
-          class: `cvs-cell cvs-col-${key} cvs-sortable`, text: label,
+      const draw = () => {
+        const [sorted, ascending] = model.get("sort") || ["seq", true];
+        bar.replaceChildren(...JOURNAL_COLUMNS.map(([key, label]) => h("span", {
+          class: `cvs-cell cvs-col-${key} cvs-sortable${key === sorted ? " cvs-sorted" : ""}`,
+          text: key === sorted ? `${label} ${ascending ? "▲" : "▼"}` : label,
+          title: key === sorted ? `sorted ${ascending ? "ascending" : "descending"}: click to reverse` : `sort by ${label}`,
+          "aria-sort": key === sorted ? (ascending ? "ascending" : "descending") : "none",
           onclick: () => {
-            const [col, asc] = model.get("sort") || ["seq", true];
-            model.set("sort", [key, col === key ? !asc : true]);
+            model.set("sort", [key, key === sorted ? !ascending : true]);
             model.save_changes();
           },
-        }));
-      }
+        })));
+      };
+      draw();
+      model.on("change:sort", draw);
     },
     toolbar: (bar) => {
       const filters = () => model.get("filters") || {};
@@ -390,8 +444,7 @@ function mountRuns(model, el) {
   const shell = new Shell(model, el, {
     header: (m) => {
       const s = m.get("summary") || {};
-      return [h("span", { class: "cvs-title", text: s.store || "" }), h("span", { class: "cvs-stat", text: `${fmtInt(m.get("total"))} run(s)` }),
-        m.get("live") ? badge("live", "live") : null];
+      return [h("span", { class: "cvs-title", text: s.store || "" }), h("span", { class: "cvs-stat", text: `${fmtInt(m.get("total"))} run(s)` })];
     },
     renderRow: runsRow,
     columns: (bar) => RUN_COLUMNS.forEach(([key, label]) => bar.append(h("span", { class: `cvs-cell cvs-col-${key}`, text: label }))),
@@ -411,14 +464,15 @@ function fmtDelta(value, kind) {
   if (size === 0 || (kind === "s" && size < 0.0005)) return ""; // under what fmtDuration shows
   const sign = value > 0 ? "+" : "−";
   if (kind === "tokens") return `${sign}${fmtInt(size)} tok`;
-  if (kind === "usd") return `${sign}$${size.toFixed(size >= 0.01 ? 4 : 6)}`;
+  if (kind === "usd") return `${sign}${dollars(size)}`;
   return `${sign}${fmtDuration(size)}`;
 }
 
 function figures(cell) {
   const parts = [];
-  if (cell.tokens !== null && cell.tokens !== undefined) parts.push(`${fmtInt(cell.tokens)} tok`);
-  if (cell.latency_s !== null && cell.latency_s !== undefined) parts.push(fmtDuration(cell.latency_s));
+  // a step without model calls (a notebook loop, a checkpoint) has no figures worth a "0 tok · 0 ms"
+  if (cell.tokens) parts.push(`${fmtInt(cell.tokens)} tok`);
+  if (cell.latency_s >= 0.0005) parts.push(fmtDuration(cell.latency_s));
   if (cell.usd !== null && cell.usd !== undefined && cell.usd !== 0) parts.push(fmtUsd(cell.usd, true));
   const deltas = [fmtDelta(cell.d_tokens, "tokens"), fmtDelta(cell.d_latency_s, "s"), fmtDelta(cell.d_usd, "usd")].filter(Boolean);
   return [parts.join(" · "), deltas.join(" ")];
@@ -438,7 +492,6 @@ function compareHeader(model) {
     const deltas = [fmtDelta(total.d_tokens, "tokens"), fmtDelta(total.d_latency_s, "s"), fmtDelta(total.d_usd, "usd")].filter(Boolean);
     if (deltas.length) parts.push(h("span", { class: "cvs-stat", text: `${total.run}: ${deltas.join(", ")} vs ${runs[0]}` }));
   }
-  if (model.get("live")) parts.push(badge("live", "live"));
   return parts;
 }
 
@@ -499,7 +552,7 @@ function mountCompare(model, el) {
     },
     toolbar: (bar) => {
       const check = (name, label) => {
-        const box = h("label", { class: "cvs-check" }, h("input", { type: "checkbox", onchange: (e) => { model.set(name, e.target.checked); model.save_changes(); } }), ` ${label}`);
+        const box = h("label", { class: "cvs-check" }, h("input", { type: "checkbox", onchange: (e) => { shell.holdRow(); model.set(name, e.target.checked); model.save_changes(); } }), ` ${label}`);
         box.querySelector("input").checked = model.get(name);
         model.on(`change:${name}`, () => { box.querySelector("input").checked = model.get(name); });
         return box;
@@ -509,7 +562,7 @@ function mountCompare(model, el) {
     },
   });
   shell.onClick = (index, row) => {
-    if (row.kind === "shared") { model.set("fold", false); model.save_changes(); return; }
+    if (row.kind === "shared") { shell.holdRow(index); model.set("fold", false); model.save_changes(); return; }
     model.set("cursor", index);
     model.save_changes();
     shell.draw();
@@ -559,6 +612,7 @@ function mountLineage(model, el) {
     onclick: () => model.send({ action: "compare", ids: model.get("picked") || [] }) });
   const hint = h("span", { class: "cvs-stat", text: "click a timeline to open it · tick two or more to compare them" });
   toolbar.append(compareButton, hint);
+  let saved = false;
 
   const togglePick = (id) => {
     const picked = [...(model.get("picked") || [])];
@@ -578,7 +632,7 @@ function mountLineage(model, el) {
     const s0 = model.get("summary") || {};
     header.replaceChildren(...[h("span", { class: "cvs-title", text: `lineage of ${s0.root || ""}` }),
       h("span", { class: "cvs-stat", text: `${fmtInt(s0.timelines ?? 0)} timeline(s), ${fmtInt(s0.forks ?? 0)} fork(s)` }),
-      model.get("live") ? badge("live", "live") : null].filter(Boolean));
+      statusBadge(model, saved, model.get("error"))].filter(Boolean));
     const message = model.get("error");
     error.textContent = message || "";
     error.style.display = message ? "block" : "none";
@@ -619,7 +673,10 @@ function mountLineage(model, el) {
     detail.replaceChildren(...(d.title ? [h("div", { class: "cvs-block-title", text: d.title })] : []));
     detail.style.display = d.title ? "block" : "none";
     root.dataset.total = String(total);
+    root.classList.toggle("cvs-saved-view", saved);
+    root.classList.toggle("cvs-broken", Boolean(message) && !total);
   };
+  savedPicture(model).then((value) => { if (value) { saved = true; draw(); } });
   const events = ["change:rows", "change:total", "change:summary", "change:error", "change:picked", "change:detail", "change:cursor", "change:live"];
   for (const event of events) model.on(event, draw);
   draw();
@@ -685,8 +742,7 @@ function mountFork(model, el) {
     header: (m) => {
       const s0 = m.get("summary") || {};
       return [h("span", { class: "cvs-title", text: `fork ${s0.run_id || ""}` }),
-        h("span", { class: "cvs-stat", text: s0.agent ? `${fmtInt(s0.steps)} step(s), ${fmtInt(s0.steps_done)} done · head ${(s0.head || "").slice(0, 12)}` : `${fmtInt(s0.steps)} waypoint(s)` }),
-        m.get("live") ? badge("live", "live") : null];
+        h("span", { class: "cvs-stat", text: s0.agent ? `${fmtInt(s0.steps)} step(s), ${fmtInt(s0.steps_done)} done · head ${(s0.head || "").slice(0, 12)}` : `${fmtInt(s0.steps)} waypoint(s)` })];
     },
     renderRow: forkRow,
     toolbar: (bar) => { jobBar = bar; },
@@ -702,12 +758,18 @@ const HEARTBEAT_MS = 30000; // widgets/panel.py stops polling after STALE_SECOND
 
 // ---- wiring a panel to its model -----------------------------------------------------------------
 function wire(model, shell, renderDetail) {
-  const redraw = () => { shell.pending = null; shell.draw(); };
+  // the spacer grows in draw(), so a held row is put back after it (a scrollTop beyond it is clamped)
+  const redraw = () => {
+    shell.pending = null;
+    shell.draw();
+    if (shell.keepHeld()) { shell.hold = null; shell.draw(); }
+  };
   const onTotal = () => {
-    const follow = model.get("follow") && shell.following;
+    const follow = model.get("follow") && shell.following && !shell.hold;
     shell.drawHeader();
     shell.draw();
-    if (follow) shell.scrollToEnd();
+    if (shell.keepHeld()) shell.draw();
+    else if (follow) shell.scrollToEnd();
   };
   const handlers = [
     ["change:rows", redraw], ["change:row_start", redraw], ["change:total", onTotal],
@@ -718,6 +780,7 @@ function wire(model, shell, renderDetail) {
   for (const [event, fn] of handlers) model.on(event, fn);
   shell.drawHeader();
   shell.drawDetail(renderDetail);
+  savedPicture(model).then((saved) => { if (saved) { shell.saved = true; shell.drawHeader(); } });
   requestAnimationFrame(() => {
     if (model.get("start_at_end")) shell.scrollToEnd();
     shell.draw();
