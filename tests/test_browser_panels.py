@@ -222,7 +222,7 @@ def test_dashboard_journal_charts_and_runs_in_jupyterlab(tmp_path):
             assert "1 selected" in journal.locator(".cvs-header").inner_text()
             screenshot(page, "panels-journal.png")
             page.locator(".lm-TabBar-tab", has_text="Charts").first.click()
-            page.wait_for_selector(".widget-image >> nth=1")
+            page.wait_for_selector(".cvs-chart svg >> nth=1")  # the cost and latency charts, inline SVG
             screenshot(page, "panels-charts.png")
             runs = page.locator(".cvs-panel:has(.cvs-col-run_id)").first
             runs.locator(".cvs-row", has_text="other-run").click()

@@ -7,13 +7,14 @@ import ipywidgets
 
 from caravanserai.stores import Store
 
-from .charts import cost_chart, latency_chart, png
+from .charts import cost_chart, latency_chart, themed_svg
 from .journal import JournalTable
 from .timeline import Timeline
 
 
 class Dashboard(ipywidgets.Tab):
-    """Tabs: Timeline, Journal, Charts (cost and latency; redrawn by ``refresh_charts()``)."""
+    """Tabs: Timeline, Journal, Charts (cost and latency as inline SVG in the notebook theme's colours;
+    redrawn by ``refresh_charts()``)."""
 
     def __init__(self, run_id: str, store: Store | str | None = None, *, live: bool = True) -> None:
         self.timeline = Timeline(run_id, store, live=live)
@@ -34,7 +35,7 @@ class Dashboard(ipywidgets.Tab):
         if view is None:
             self.charts.children = (ipywidgets.HTML(f"<code>{self.timeline.error}</code>"),)
             return
-        self.charts.children = tuple(ipywidgets.Image(value=png(fig), format="png")
+        self.charts.children = tuple(ipywidgets.HTML(themed_svg(fig)).add_class("cvs-chart")
                                      for fig in (cost_chart(view), latency_chart(view)))
 
     def close(self) -> None:
