@@ -138,7 +138,7 @@ def test_resumable_replaces_state_and_completes(project):
     assert task("r", {"step": 0}) == 3  # resumes from the saved state: no steps run
     assert calls == [{"step": 0}, {"step": 3}]
     types = [e["type"] for e in read_events("r")]
-    assert types.count("run_completed") == 2 and types.count("attempt") == 1
+    assert types.count("run_completed") == 1 and types.count("attempt") == 0  # re-entered completed: nothing recorded
     assert task.__name__ == "task"
 
 

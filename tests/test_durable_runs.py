@@ -437,7 +437,7 @@ def test_cli_show_journal_and_settle_errors(project, capsys):
     assert "status: completed" in out
     assert f"result: {json.dumps({'text': ANSWER})}" in out
     tokens = sum(e["call"]["usage"]["total_tokens"] for e in events if e["type"] == "call_settled")
-    match = re.search(r"receipt: (\d+) call\(s\), (\d+) tokens, \$(\d+\.\d+) \(inferred from public list prices\)", out)
+    match = re.search(r"receipt: (\d+) model calls?, (\d+) tokens, \$(\d+(?:\.\d+)?) \(inferred from public list prices\)", out)
     assert match, out
     assert (int(match.group(1)), int(match.group(2)), float(match.group(3))) == (1, tokens, 0.0)
 
@@ -531,3 +531,62 @@ def test_known_model_is_priced_from_the_list(project, monkeypatch):
     again = run(kids.support_with(kids.lookup, idle), QUESTION, durable=opts(project, "priced"))
     assert idle.requests == []
     assert again.replayed and again.receipt.estimated_usd == result.receipt.estimated_usd
+
+
+# ---- a completed run entered again ----------------------------------------------------------------
+def _three_steps(run_id: str, model: ScriptedModel | None = None) -> tuple[int, str | None]:
+    with durable(run_id) as r:
+        step = (r.state or {}).get("step", 0)
+        while step < 3:
+            step += 1
+            r.checkpoint({"step": step}, f"step {step}")
+        summary = r.call_model(model, [{"role": "user", "content": "sum up"}]).text if model is not None else None
+        return step, summary
+
+
+def test_a_completed_run_entered_again_says_so_each_time_and_records_nothing(project, capsys):
+    assert _three_steps("done-once", ScriptedModel(["hello"])) == (3, "hello")
+    assert "completed earlier" not in capsys.readouterr().err  # a first run says nothing
+    before = read_events("done-once")
+    for _ in range(3):  # the journal answers the call (an empty script would fail if it were sent)
+        assert _three_steps("done-once", ScriptedModel([])) == (3, "hello")
+        err = capsys.readouterr().err
+        assert err.count("[caravanserai] run 'done-once' completed earlier") == 1, err  # once per entry
+        assert "caravanserai clean done-once" in err and err.count("\n") == 1
+    assert read_events("done-once") == before  # no attempt, no replay record, no second run_completed
+    assert [e["type"] for e in before].count("run_completed") == 1
+    assert run_summary(DiskDurableStore().load("done-once"))["status"] == "completed"
+
+
+def test_a_completed_run_entered_again_that_fails_or_is_interrupted_stays_completed(project, capsys):
+    _three_steps("stays-done")
+    before = read_events("stays-done")
+    with pytest.raises(RuntimeError), durable("stays-done"):
+        raise RuntimeError("a bug in the re-run")
+    with pytest.raises(KeyboardInterrupt), durable("stays-done"):
+        raise KeyboardInterrupt
+    assert read_events("stays-done") == before and capsys.readouterr().err.count("completed earlier") == 2
+
+
+def test_a_completed_run_entered_again_that_writes_is_a_new_attempt_completed_again(project, capsys):
+    _three_steps("extended")
+    with durable("extended") as r:
+        r.checkpoint({"step": 4}, "one more step")
+    types = [e["type"] for e in read_events("extended")]
+    assert types[-3:] == ["attempt", "waypoint", "run_completed"] and types.count("run_completed") == 2
+    assert capsys.readouterr().err.count("completed earlier") == 1
+
+
+def test_resumable_on_a_completed_run_records_nothing(project, capsys):
+    @caravanserai.resumable
+    def count_to_three(run_id, state):
+        step = state.get("step", 0)
+        while step < 3:
+            step += 1
+            caravanserai.checkpoint(run_id, {"step": step}, f"step {step}")
+        return step
+
+    assert count_to_three("counted", {"step": 0}) == 3
+    before = read_events("counted")
+    assert count_to_three("counted", {"step": 0}) == 3
+    assert read_events("counted") == before and "completed earlier" in capsys.readouterr().err

@@ -143,6 +143,7 @@ def test_plain_durable_block_identity(project):
     # the same identity (the definition may be given as its digest) opens the run
     with durable("plain-id", definition=digest(definition), input="batch-7", budget={"calls": 3}) as r:
         assert r.state == {"i": 1}
+        r.checkpoint({"i": 2}, "two")
     assert path.read_bytes() != before
 
 

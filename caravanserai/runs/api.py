@@ -122,7 +122,8 @@ def resumable(fn: F) -> F:
             state = saved[0]
         with durable(run_id) as run:
             result = fn(run_id, state, *args, **kwargs)
-            run.complete(result)
+            if not run.completed:  # a completed run re-entered that wrote nothing stays as it was
+                run.complete(result)
         return result
 
     return wrapper  # type: ignore[return-value]

@@ -245,12 +245,20 @@ def durable(run_id: str, *, store: Store | str | None = None, definition: Any = 
     journaled at the transport; ``http_journal=False`` sends them unjournaled (paid again on resume).
     An exception records ``run_failed`` for this attempt and propagates;
     KeyboardInterrupt (Ctrl-C, Kernel > Interrupt) records ``interrupted`` and leaves the run
-    pending and resumable.
+    pending and resumable. A completed run entered again says so on stderr (once per entry) and its
+    block runs on the final state, its calls answered from the journal: nothing is recorded unless
+    the block writes (a checkpoint, a new call), which makes it a new attempt.
     """
     identity, parsed = identity_fields(definition, input, budget, session_id)
     target = namespace if namespace is not None else sys._getframe(2).f_globals
     scope = RunScope(run_id, store, identity, parsed)
     with scope as run:
+        again = scope.owner and run.completed  # re-entering a completed run (docs/durable-runs.md)
+        if again:
+            scope.complete = False
+            sys.stderr.write(f"[caravanserai] run {run.run_id!r} completed earlier: the block runs again on its final state "
+                             f"and records nothing unless it writes; to start over: caravanserai clean {run.run_id} "
+                             "(or use a new run id)\n")
         run.http_journal = http_journal
         if capture:
             scope.ending = False  # a variable that cannot be restored ends nothing: nothing ran yet
@@ -260,6 +268,19 @@ def durable(run_id: str, *, store: Store | str | None = None, definition: Any = 
             yield run
         finally:
             run.notebook.capture = None
+            if again:
+                _end_reentry(scope, run)
+
+
+def _end_reentry(scope: RunScope, run: Run) -> None:
+    """A completed run re-entered: a block that wrote nothing leaves the journal as it was (no attempt, no
+    ending, no replay record); one that wrote (a checkpoint, a new call) was an attempt, and completes the
+    run again when it succeeds."""
+    if run.attempt_written:
+        scope.complete = True
+    else:
+        scope.ending = False
+        run.replayed.clear()
 
 
 def _restore_captured(run: Run, names: Sequence[str], namespace: dict) -> None:

@@ -164,6 +164,11 @@ class Run:
         return self._completed
 
     @property
+    def attempt_written(self) -> bool:
+        """Whether this attempt has written to the journal (its ``attempt`` event goes with the first append)."""
+        return not self._header
+
+    @property
     def waypoint_count(self) -> int:
         return self._waypoint_count
 
