@@ -177,8 +177,10 @@ def cost_chart(run: RunView | str, store: Store | str | None = None) -> ChartFig
     tok_ax.set_xlabel("model call (in order; replays count 0)")
     tok_ax.set_xlim(0.5, len(points) + 0.5)
     tok_ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    usd_ax.set_ylim(0, _top(usd))  # a flat $0 series gets a $0-$1 scale, not -0.04 ... 0.04
+    usd_ax.set_ylim(0, _top(usd))
     usd_ax.yaxis.set_major_formatter(FuncFormatter(usd_tick))
+    if not any(usd):  # calls listed at $0: one "$0" tick, not -0.04 ... 0.04 nor a made-up $0-$1 scale
+        usd_ax.set_yticks([0.0])
     tok_ax.set_ylim(0, _top(tokens))
     tok_ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     usd_ax.legend(fontsize=7, loc="upper left", facecolor=PAPER, edgecolor=GRID, labelcolor=INK)
