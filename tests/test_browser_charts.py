@@ -1,10 +1,11 @@
 """The charts in a REAL browser: JupyterLab in Debian's Chromium (Playwright), on loopback, offline.
 
-A notebook with no ``%matplotlib`` anywhere ends three cells with ``cost_chart``, ``latency_chart``
+A JupyterLab notebook with no ``%matplotlib`` anywhere ends three cells with ``cost_chart``, ``latency_chart``
 and ``runs_chart``: each shows as an ``<img>`` of a PNG. The dashboard's Charts tab shows the
 cost and latency charts as inline SVG whose text takes the theme's colour: dark text in the light
 theme; after switching JupyterLab to its dark theme, light text and no white box around it.
-Screenshots go to tests/artifacts/ (charts-light.png, charts-dark.png, charts-inline.png).
+In Jupyter Notebook 7 the cost chart is an ``<img>`` as well. Screenshots go to tests/artifacts/
+(charts-light.png, charts-dark.png, charts-inline.png, charts-notebook7.png).
 Skips locally without Chromium/Playwright; fails under CI=true.
 """
 
@@ -14,6 +15,7 @@ import pytest
 from browser_helpers import (
     JupyterServer,
     chromium,
+    has_module,
     lab_command,
     need_browser,
     notebook,
@@ -22,6 +24,7 @@ from browser_helpers import (
     screenshot,
     wait_idle,
 )
+from conftest import need
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -110,5 +113,28 @@ def test_charts_show_without_matplotlib_magic_and_follow_the_theme(tmp_path):
                 assert luminance(chart["text"]) > 0.7 and luminance(chart["bg"]) < 0.2, dark
             screenshot(dashboard, "charts-dark.png")
             assert page.errors == []  # type: ignore[attr-defined]
+    finally:
+        server.stop()
+
+
+def test_a_chart_shows_without_matplotlib_magic_in_notebook_7(tmp_path):
+    need(has_module("notebook"), "notebook (Jupyter Notebook 7) is not installed (the [test] extra)")
+    notebook(tmp_path / "nb7.ipynb", [RUNS, "cost_chart('chart-run')"])
+    server = JupyterServer(tmp_path, app="notebook")
+    try:
+        with chromium(tmp_path / ".chrome") as page:
+            page.goto(server.url("notebooks/nb7.ipynb"))
+            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']")
+            page.wait_for_timeout(1000)  # the indicator says idle a moment before the kernel is connected
+            page.get_by_role("menuitem", name="Run", exact=True).click()
+            page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+            try:
+                page.locator(".jp-Dialog .jp-mod-accept").click(timeout=1500)  # a stray "Select Kernel" dialog
+            except Exception:  # noqa: BLE001 - usually there is none
+                pass
+            img = page.locator(".jp-Notebook .jp-CodeCell").nth(1).locator(".jp-OutputArea-output img")
+            img.wait_for(timeout=120_000)
+            assert img.get_attribute("src").startswith("data:image/png;base64,") and img.get_attribute("width") == "750"
+            screenshot(img, "charts-notebook7.png")
     finally:
         server.stop()
