@@ -54,8 +54,8 @@ SIZE = (7.5, 4.2)  # inches at 100 dpi: 750 x 420 px
 class ChartFigure(Figure):
     """A matplotlib ``Figure`` that displays itself: its ``_repr_mimebundle_`` is a PNG (drawn at twice
     the resolution, shown at the figure's size) and the usual ``text/plain``, so a chart that ends a
-    cell is an image in JupyterLab, Notebook 7, VS Code and ``nbclient`` runs without ``%matplotlib
-    inline`` (with it, IPython's registered Figure formatter wins and draws the same picture).
+    cell is an image in JupyterLab, Notebook 7 and ``nbclient`` runs without ``%matplotlib inline``
+    (with it, IPython's registered Figure formatter wins and draws the same picture).
     marimo draws every ``Figure`` itself. No SVG in the bundle: front ends show it as an ``<img>``,
     where the theme's colours cannot reach; the white PNG reads in both themes."""
 
