@@ -326,10 +326,10 @@ def test_runs_lists_every_run_marks_damage_and_opens_a_timeline(story):
         assert panel.timeline is not None and panel.timeline.run_id == "second"
         assert panel.children[-1] is panel.timeline and panel.timeline.total == 2
 
-        panel.chart_button.value = True  # attempts and cost per run, drawn from the rows listed
-        assert panel.chart is not None and bytes(panel.chart.value).startswith(b"\x89PNG") and panel.chart in panel.children
-        panel.chart_button.value = False
-        assert panel.chart is None and panel.children == (panel.list, panel.chart_button, panel.timeline)
+        panel.list._on_message(panel.list, {"action": "chart"}, [])  # the panel's chart button: attempts and cost per run
+        assert panel.list.chart.startswith("<svg") and "broken" in panel.list.chart and panel.list.error == ""
+        panel.list._on_message(panel.list, {"action": "chart"}, [])  # clicked again: hidden
+        assert panel.list.chart == "" and panel.children == (panel.list, panel.timeline)
     finally:
         panel.close()
 

@@ -1,7 +1,8 @@
 """``Runs(store=None)``: every run in a store — status, attempts, waypoints, calls, cost, last update,
 parent — and a click on one opens its Timeline below. Works for every store URL (a teammate's
 runs on PostgreSQL or S3 included); one damaged run is marked, the others listed; a store that
-cannot be reached is the panel's one-line error. "chart" draws attempts and cost per run.
+cannot be reached is the panel's one-line error (and nothing else). The panel's "chart" button
+draws attempts and cost per run inside it, in the notebook theme's colours.
 """
 
 from __future__ import annotations
@@ -9,11 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 import ipywidgets
+import traitlets
 
 from caravanserai.runs.index import indexed
 from caravanserai.stores import Store, open_store
 
-from .charts import png, runs_chart
+from .charts import runs_chart, themed_svg
 from .panel import Panel
 from .saved import SavedFallback, reopen_call
 from .timeline import Timeline
@@ -22,7 +24,9 @@ RUNS_POLL_SECONDS = 1.0
 
 
 class RunsList(Panel):
-    """The list part of ``Runs``: one row per run of ``store``."""
+    """The list part of ``Runs``: one row per run of ``store``; ``chart`` is the drawn chart (SVG), or empty."""
+
+    chart = traitlets.Unicode("").tag(sync=True)
 
     def __init__(self, store: Store | str | None = None, *, live: bool = True) -> None:
         super().__init__(panel="runs")
@@ -65,8 +69,18 @@ class RunsList(Panel):
         changed = bool(changed_ids or gone)
         if changed:
             self._all = sorted(self._rows_by_id.values(), key=lambda r: r.get("updated_at") or "", reverse=True)
+            if self.chart:
+                self.draw_chart()
         self.show_error(None, reading=True)
         return changed
+
+    def draw_chart(self, show: bool = True) -> None:
+        """Draw (or, with ``show=False``, remove) the attempts and cost per run listed now."""
+        self.chart = themed_svg(runs_chart(self.store, rows=self._all)) if show else ""
+
+    def on_chart(self, _content: dict) -> None:
+        """The panel's "chart" button: show the chart, or hide it when shown."""
+        self.draw_chart(not self.chart)
 
     def _row_count(self) -> int:
         return len(self._all)
@@ -89,24 +103,18 @@ class Runs(SavedFallback, ipywidgets.VBox):
         self.timeline: Timeline | None = None
         self._live = live
         self.list.on_open = self.open_run
-        self.chart_button = ipywidgets.ToggleButton(description="chart", tooltip="attempts and cost per run",
-                                                    icon="bar-chart", layout=ipywidgets.Layout(width="auto"))
-        self.chart: ipywidgets.Image | None = None
-        self.chart_button.observe(lambda change: self.show_chart(change["new"]), names=["value"])
-        super().__init__([self.list, self.chart_button])
+        super().__init__([self.list])
         self._reopen = reopen_call("Runs", store=store)
 
     def _saved_summary(self) -> dict:
         return {"runs": self.list.total}
 
     def show_chart(self, show: bool = True) -> None:
-        """Show (or hide) the attempts and cost per run of the runs listed now, under the list."""
-        self.chart = ipywidgets.Image(value=png(runs_chart(self.list.store, rows=self.list.all_rows)), format="png") \
-            if show and self.list.all_rows else None
-        self._layout()
+        """Show (or hide) the attempts and cost per run of the runs listed now, inside the list's panel."""
+        self.list.draw_chart(show)
 
     def _layout(self) -> None:
-        self.children = tuple(w for w in (self.list, self.chart_button, self.chart, self.timeline) if w is not None)
+        self.children = tuple(w for w in (self.list, self.timeline) if w is not None)
 
     def open_run(self, run_id: str) -> Timeline:
         """Show ``run_id``'s Timeline under the list (closing the one shown before)."""

@@ -77,8 +77,11 @@ function fmtDuration(seconds) {
 function dollars(usd) {
   const size = Math.abs(Number(usd));
   if (size === 0) return "$0";
-  if (size >= 1) return `$${size.toFixed(2)}`;
-  return `$${String(Number(size.toPrecision(3))).replace(/^(\d+\.\d*?)0+$/, "$1")}`;
+  if (size < 1) {
+    const text = size.toFixed(Math.min(100, 2 - Math.floor(Math.log10(size))));
+    if (Number(text) < 1) return `$${text.replace(/0+$/, "").replace(/\.$/, "")}`;
+  }
+  return `$${size.toFixed(2)}`;
 }
 
 function fmtUsd(usd, priced) {
@@ -176,7 +179,7 @@ class Shell {
 
   drawHeader() {
     const error = this.model.get("error");
-    this.headerEl.replaceChildren(...this.header(this.model).filter(Boolean), statusBadge(this.model, this.saved, error));
+    this.headerEl.replaceChildren(...[...this.header(this.model), statusBadge(this.model, this.saved, error)].filter(Boolean));
     this.errorEl.textContent = error || "";
     this.errorEl.style.display = error ? "block" : "none";
     // nothing could be read: the error line alone, not an empty list with zero counts
@@ -432,11 +435,17 @@ function mountJournal(model, el) {
 const RUN_COLUMNS = [["run_id", "run"], ["status", "status"], ["attempts", "attempts"], ["waypoints", "waypoints"], ["calls", "calls"], ["usd", "cost"], ["updated_at", "last update"], ["parent", "parent"]];
 
 function runsRow(row) {
+  const status = h("span", { class: "cvs-cell cvs-col-status", title: row.error || "" }, badge(row.status || "", row.status || ""));
+  if (row.status === "damaged") { // nothing to count: the error, whole, in the row's own line after the status
+    return h("div", { class: "cvs-row cvs-grid cvs-runs" }, h("span", { class: "cvs-cell cvs-col-run_id", text: row.run_id }), status,
+      h("span", { class: "cvs-cell cvs-row-error", text: row.error || "damaged", title: row.error || "" }));
+  }
   return h("div", { class: "cvs-row cvs-grid cvs-runs" },
     ...RUN_COLUMNS.map(([key]) => {
-      if (key === "status") return h("span", { class: "cvs-cell cvs-col-status" }, badge(row.status || "", row.status || ""));
-      const value = key === "usd" ? `${fmtUsd(row.usd, true)}${row.unpriced ? "+unpriced" : ""}` : key === "updated_at" ? fmtTime(row[key]) : row[key] ?? "";
-      return h("span", { class: `cvs-cell cvs-col-${key}`, text: value });
+      if (key === "status") return status;
+      const value = key === "usd" ? (row.usd_text ?? `${fmtUsd(row.usd, true)}${row.unpriced ? " + unpriced" : ""}`)
+        : key === "updated_at" ? fmtTime(row[key]) : row[key] ?? "";
+      return h("span", { class: `cvs-cell cvs-col-${key}`, text: value, title: key === "calls" ? row.calls_text || "" : key === "run_id" ? row.run_id : "" });
     }));
 }
 
@@ -448,8 +457,26 @@ function mountRuns(model, el) {
     },
     renderRow: runsRow,
     columns: (bar) => RUN_COLUMNS.forEach(([key, label]) => bar.append(h("span", { class: `cvs-cell cvs-col-${key}`, text: label }))),
+    toolbar: (bar) => {
+      const button = h("button", { class: "cvs-button cvs-chart-button", title: "attempts and cost per run listed",
+        onclick: () => model.send({ action: "chart" }) });
+      const label = () => { button.textContent = model.get("chart") ? "▾ hide chart" : "▸ chart"; };
+      label();
+      model.on("change:chart", label);
+      bar.append(button, h("span", { class: "cvs-stat", text: "click a run to open its timeline below" }));
+    },
   });
-  return wire(model, shell, (detail) => [h("div", { class: "cvs-block-title", text: detail.title || "" })]);
+  // the chart is SVG this package drew (widgets/charts.py themed_svg), in the theme's colours
+  const chart = h("div", { class: "cvs-chart" });
+  shell.root.append(chart);
+  const drawChart = () => {
+    chart.innerHTML = model.get("chart") || "";
+    chart.style.display = model.get("chart") ? "block" : "none";
+  };
+  drawChart();
+  model.on("change:chart", drawChart);
+  const unwire = wire(model, shell, (detail) => [h("div", { class: "cvs-block-title", text: detail.title || "" })]);
+  return () => { unwire(); model.off("change:chart", drawChart); };
 }
 
 // ---- Compare ------------------------------------------------------------------------------------
