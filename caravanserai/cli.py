@@ -141,7 +141,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         print(f"checkpoints: {checkpoints.checkpoints} committed; latest {(checkpoints.latest or '?')[:12]}, "
               f"steps done {checkpoints.steps_done}/{checkpoints.steps}" + where)
     attempts = _format_attempts(view) if view.own_attempts > 1 else ""
-    if view.receipt.calls or view.agent_id or view.status == "failed":
+    if view.calls or view.agent_id or view.status == "failed":
         text = _format_run(view) + attempts
         print(text if view.waypoints or view.loops else text.lstrip("\n"))
     elif args.all and attempts:
@@ -176,7 +176,7 @@ def _format_attempts(view: RunView) -> str:
 
 def _format_run(view: RunView) -> str:
     """Status, result and receipt of a run that made journaled calls (after the 0.2.0 block)."""
-    status, receipt = view.status, view.receipt
+    status = view.status
     count = len(view.attempts)
     lines = [f"\nstatus: {status} (attempt{'s' if count != 1 else ''}: {count})"]
     if status == "completed" and view.result is not None:
@@ -185,9 +185,8 @@ def _format_run(view: RunView) -> str:
         failed = next((a for a in reversed(view.attempts) if a.end == "failed"), None)
         code, message = (failed.code, failed.message) if failed else (view.summary.get("code"), view.summary.get("message"))
         lines.append(f"failed: {code}: {message}")
-    usd = f"${receipt.estimated_usd:.6f}" + (" + unpriced calls" if receipt.unpriced else "")
-    if receipt.calls:
-        lines.append(f"receipt: {len(receipt.calls)} call(s), {receipt.tokens} tokens, {usd} ({receipt.label})")
+    if view.calls:  # counted as the Runs panel and receipts count them (RunView.calls_text)
+        lines.append(f"receipt: {view.receipt_text()}")
     return "\n".join(lines)
 
 
@@ -345,7 +344,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_clean(args: argparse.Namespace) -> int:
     store = open_store(args.store)
     if not clean(args.run_id, store=store):
-        raise RunNotFound(f"no checkpoints for run {args.run_id!r}", run_id=args.run_id)
+        raise RunNotFound.in_store(args.run_id, store.url)
     print(f"deleted checkpoints for {args.run_id!r}")
     return 0
 

@@ -19,6 +19,7 @@ import sys
 import time
 from typing import Any, Literal
 
+from caravanserai.calls.ledger import calls_text
 from caravanserai.cli import ArgumentParser
 from caravanserai.errors import CellChanged
 from caravanserai.errors import UsageError as CaravanseraiUsageError
@@ -356,8 +357,7 @@ class StatusLine:
         if latest is not None:
             parts.append(f"last: {latest.note[:60]!r}")
         if receipt.calls:
-            usd = f"${receipt.estimated_usd:.4f}" + ("+unpriced" if receipt.unpriced else "")
-            parts.append(f"{len(receipt.calls)} call(s), {receipt.tokens} tokens, {usd} (inferred)")
+            parts.append(f"{calls_text(len(receipt.calls))}, {receipt.tokens} tokens, {receipt.usd_text()} (inferred)")
         parts.extend(self.warnings())
         if ending:
             parts.append(ending)

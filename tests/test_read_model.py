@@ -264,7 +264,15 @@ def test_show_prints_how_each_attempt_ended(killed_run, capsys):
     assert cli_main(["show", RUN]) == 0
     out = capsys.readouterr().out
     assert out.startswith('waypoint 3\n\nstep 2 done\n\nstate: {"step": 3}\n')
-    assert "status: completed (attempts: 3)" in out and "receipt: 4 call(s)" in out and "+ unpriced calls" in out
+    assert "status: completed (attempts: 3)" in out
+    # counted as the Runs row and the receipt count them: 4 model calls answered (the receipt's 4), the rest
+    # tool calls answered or calls cut by a kill
+    view = inspect_run(RUN)
+    counts = view.call_counts()
+    assert counts["model_calls"] == len(view.receipt.calls) == 4 and sum(counts.values()) == len(view.calls) == 11
+    text = f"11 calls (4 model, {counts['tool_calls']} tool, {counts['unanswered_calls']} unanswered)"
+    assert view.calls_text() == text and f"receipt: {text}, 40 tokens, $0.00000585 + unpriced calls (inferred" in out
+    assert view.receipt.summary().startswith("4 model calls, 40 tokens, $0.00000585 + unpriced calls")
     section = out[out.index("\nattempts:\n"):].splitlines()[2:]
     assert [line.split(": ", 1)[1].split(" ")[0] for line in section] == ["killed:", "killed:", "completed"]
     assert cli_main(["show", RUN, "--json"]) == 0

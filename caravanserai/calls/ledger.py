@@ -20,9 +20,35 @@ from .._html import bundle, table
 from ..errors import BudgetExceeded, JournalCorruptionError
 from ..events import BOUNDARIES, CALL_EVENTS, Segments
 from ..journal import digest
-from .pricing import PRICE_LABEL, estimate_usd
+from .pricing import PRICE_LABEL, estimate_usd, usd_text
 
-__all__ = ["Budget", "CallRecord", "Ledger", "Receipt", "ResumeInfo", "completed_receipt", "digest"]
+__all__ = ["Budget", "CallRecord", "Ledger", "Receipt", "ResumeInfo", "calls_text", "completed_receipt", "digest"]
+
+
+def _some(count: int, what: str) -> str:
+    return f"{count} {what}{'' if count == 1 else 's'}"
+
+
+def calls_text(model: int, tool: int = 0, unanswered: int = 0) -> str:
+    """How many calls a run made, in the words ``show``, the Runs panel and receipts all use.
+
+    ``model``: model calls answered (settled: the ones a receipt lists, with tokens and USD);
+    ``tool``: tool calls answered; ``unanswered``: calls of either kind with no answer journaled
+    (failed, or pending: in flight, or cut by a kill). A call answered from the journal on a later
+    attempt (a replay) is the same call, not a new one. ``3 calls (2 model, 1 tool)``; ``2 model
+    calls`` when there is nothing else; ``no calls``.
+    """
+    if not tool and not unanswered:
+        return _some(model, "model call") if model else "no calls"
+    parts = [f"{count} {what}" for count, what in ((model, "model"), (tool, "tool"), (unanswered, "unanswered")) if count]
+    return f"{_some(model + tool + unanswered, 'call')} ({', '.join(parts)})"
+
+
+def receipt_usd_text(usd: float, calls: int, unpriced: int) -> str:
+    """A receipt's total: ``$0.00042``, ``$0.00042 + unpriced calls``, or ``unpriced`` (no call had a price)."""
+    if calls and unpriced == calls:
+        return "unpriced"
+    return usd_text(usd) + (" + unpriced calls" if unpriced else "")
 
 
 
@@ -118,12 +144,15 @@ class Receipt:
 
     def summary(self) -> str:
         """One line: calls, tokens and inferred USD (with unpriced calls said, never counted as $0)."""
-        usd = f"${self.estimated_usd:.6f}" + (" + unpriced calls" if self.unpriced else "")
         unjournaled = f"; UNJOURNALED (paid again on resume): {', '.join(self.unjournaled)}" if self.unjournaled else ""
-        return f"{len(self.calls)} call(s), {self.tokens} tokens, {usd} ({self.label}){unjournaled}"
+        return f"{calls_text(len(self.calls))}, {self.tokens} tokens, {self.usd_text()} ({self.label}){unjournaled}"
+
+    def usd_text(self) -> str:
+        """The total as people read it (``calls.pricing.usd_text``), unpriced calls said, never counted as $0."""
+        return receipt_usd_text(self.estimated_usd, len(self.calls), sum(1 for c in self.calls if not c.priced))
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
-        rows = [(c.call_id, c.model, c.attempt, c.total_tokens, "unpriced" if not c.priced else f"${c.estimated_usd:.6f}")
+        rows = [(c.call_id, c.model, c.attempt, c.total_tokens, usd_text(c.estimated_usd))
                 for c in self.calls[:50]]
         more = f" (the first 50 of {len(self.calls)})" if len(self.calls) > 50 else ""
         resume = f"; resume: {self.resume.to_dict()}" if self.resume else ""

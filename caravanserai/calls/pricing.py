@@ -57,3 +57,26 @@ def estimate_usd(model: str | None, prompt_tokens: int, completion_tokens: int) 
     if price is None:
         return None
     return round((prompt_tokens * price[0] + completion_tokens * price[1]) / 1_000_000, 10)
+
+
+def usd_text(usd: float | None, priced: bool = True) -> str:
+    """Money as people read it, the one formatter every panel, receipt and command uses.
+
+    ``unpriced`` when the figure is unknown (None, or ``priced=False``); ``$0`` for nothing spent;
+    two decimals from a dollar up (``$12.34``); below a dollar three significant digits with
+    trailing zeros stripped (``$0.015``, ``$0.00042``, ``$0.000123``), never exponent notation.
+    Budgets and revalidation compare exact figures; this is only for showing one.
+    """
+    if usd is None or not priced or isinstance(usd, bool) or not isinstance(usd, (int, float)):
+        return "unpriced"
+    if not math.isfinite(usd):
+        return f"${usd}"
+    sign, amount = ("-" if usd < 0 else ""), abs(float(usd))
+    if amount == 0:
+        return "$0"
+    if amount < 1:
+        decimals = 2 - math.floor(math.log10(amount))
+        text = f"{amount:.{decimals}f}"
+        if float(text) < 1:  # 0.9996 rounds up to a dollar: then two decimals, as any dollar figure
+            return f"{sign}${text.rstrip('0').rstrip('.')}"
+    return f"{sign}${amount:.2f}"

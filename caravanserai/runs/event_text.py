@@ -9,6 +9,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from ..calls.pricing import usd_text
+
 __all__ = ["describe"]
 
 
@@ -33,7 +35,7 @@ def _describe_settled(e: dict) -> str:
     if type(usage) is not dict:
         usage = {}
     usd = call.get("estimated_usd")
-    price = "unpriced" if usd is None else f"${usd:.6f}" if isinstance(usd, (int, float)) else f"${usd}"
+    price = usd_text(usd) if usd is None or isinstance(usd, (int, float)) else f"${usd}"
     return (f"{call.get('call_id')} settled: {usage.get('prompt_tokens', 0)}+{usage.get('completion_tokens', 0)} "
             f"tokens, {price}")
 

@@ -6,7 +6,7 @@ local store ``index.json`` in the run's directory)::
 
     {"index": 1, "run_id": ..., "version": <the journal's change token it was computed at>,
      "updated": <POSIX time of the last event>, "summary": <RunView.as_summary() without "latest">,
-     "row": <the Runs panel's row>}
+     "row": <the Runs panel's row: RunView.as_row(); a damaged run's is run_id, status "damaged" and error>}
 
 The journal stays the source of truth. ``Store.journal_versions()`` gives each run's change token
 cheaply (a file size, a row count); an entry whose token differs — the run changed, or its writer
@@ -39,7 +39,7 @@ except ImportError:  # pragma: no cover - orjson is a dependency, optional at im
 __all__ = ["IndexedRun", "age_seconds", "check_index", "compute_entry", "drop_entry", "entry_of_view", "indexed",
            "list_runs", "refresh_entry"]
 
-INDEX_FORMAT = 2  # 2: forks' own attempts, CheckpointLog main lines and branches
+INDEX_FORMAT = 3  # 2: forks' own attempts, CheckpointLog main lines and branches; 3: call counts, usd_text, error
 
 
 class IndexedRun(dict):
@@ -77,7 +77,8 @@ def compute_entry(run_id: str, store: Store, version: str | None, events: Sequen
         error = {"code": exc.code, "message": exc.message}
         return IndexedRun(index=INDEX_FORMAT, run_id=run_id, version=version, updated=store.last_updated(run_id),
                           summary={"run_id": run_id, "status": "damaged", "error": error},
-                          row={"run_id": run_id, "status": "damaged", "parent": exc.message})
+                          row={"run_id": run_id, "status": "damaged", "parent": None,
+                               "error": f"{type(exc).__name__}: {exc.message}"})
     return entry_of_view(view, version)
 
 

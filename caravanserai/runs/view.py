@@ -29,7 +29,7 @@ from functools import cached_property
 from typing import Any
 
 from .._html import bundle, escape, table
-from ..calls.ledger import CallRecord, Receipt, ResumeInfo, record_from_event
+from ..calls.ledger import CallRecord, Receipt, ResumeInfo, calls_text, record_from_event
 from ..events import ENDINGS, Segments
 from ..stores import Store, open_store
 from .api import readable_run_id
@@ -185,14 +185,14 @@ class RunView:
         note = (latest.note.splitlines() or [""])[0] if latest else ""
         lines = [f"run {self.run_id}: {self.status}; {len(self.attempts)} attempt(s) ({ends})",
                  f"{len(self.waypoints)} waypoint(s)" + (f"; latest {latest.n}: {note}" if latest else ""),
-                 f"receipt: {self.receipt.summary()}",
+                 f"receipt: {self.receipt_text()}",
                  f"open it: caravanserai.widgets.show({self.run_id!r}) or %caravanserai show {self.run_id}"]
         attempts = table(("attempt", "started", "ended", "how", "events"),
                          ((a.number, a.started_at, a.ended_at or "", a.end + (f": {a.message}" if a.message else ""), a.events)
                           for a in self.attempts), caption=f"run {self.run_id}: {self.status}")
         waypoints = table(("waypoint", "time", "note"), ((w.n, w.at, w.note) for w in self.waypoints[-10:]),
                           caption=f"the last {min(10, len(self.waypoints))} of {len(self.waypoints)} waypoint(s)")
-        return bundle("\n".join(lines), attempts + waypoints + f"<div>receipt: {escape(self.receipt.summary())}</div>")
+        return bundle("\n".join(lines), attempts + waypoints + f"<div>receipt: {escape(self.receipt_text())}</div>")
 
     # ---- the CLI's summary (``caravanserai show/list --json``) ------------------------------
     def as_summary(self) -> dict[str, Any]:
@@ -211,12 +211,36 @@ class RunView:
             "summary": dict(self.summary),
         }
 
+    def call_counts(self) -> dict[str, int]:
+        """Its calls as ``show``, the Runs panel and receipts count them (``calls.ledger.calls_text``):
+        ``model_calls`` answered (the receipt's), ``tool_calls`` answered, ``unanswered_calls`` (failed or
+        pending); a replay is the same call again, not a new one."""
+        model = sum(1 for c in self.calls if c.kind != "tool" and c.status == "settled")
+        tool = sum(1 for c in self.calls if c.kind == "tool" and c.status == "settled")
+        return {"model_calls": model, "tool_calls": tool, "unanswered_calls": len(self.calls) - model - tool}
+
+    def calls_text(self) -> str:
+        """``3 calls (2 model, 1 tool)``, ``2 model calls``, ``no calls``."""
+        counts = self.call_counts()
+        return calls_text(counts["model_calls"], counts["tool_calls"], counts["unanswered_calls"])
+
+    def receipt_text(self) -> str:
+        """``show``'s receipt line: its calls (``calls_text``), tokens and inferred USD (``calls.pricing.usd_text``)."""
+        receipt = self.receipt
+        return f"{self.calls_text()}, {receipt.tokens} tokens, {receipt.usd_text()} ({receipt.label})"
+
     def as_row(self) -> dict[str, Any]:
-        """The Runs panel's row and a run panel's header (also kept in the run index)."""
+        """The Runs panel's row and a run panel's header (also kept in the run index).
+
+        ``calls`` counts every journaled call once (model and tool, settled or not), split in
+        ``call_counts()`` and said in ``calls_text``; ``error`` is a failed run's ``code: message``."""
         receipt, checkpoints = self.receipt, self.checkpoints
+        failed = next((a for a in reversed(self.attempts) if a.end == "failed"), None) if self.status == "failed" else None
         return {"run_id": self.run_id, "status": self.status, "attempts": len(self.attempts),
-                "waypoints": len(self.waypoints), "calls": len(self.calls), "tokens": receipt.tokens,
-                "usd": receipt.estimated_usd, "unpriced": receipt.unpriced,
+                "waypoints": len(self.waypoints), "calls": len(self.calls), **self.call_counts(),
+                "calls_text": self.calls_text(), "tokens": receipt.tokens,
+                "usd": receipt.estimated_usd, "unpriced": receipt.unpriced, "usd_text": receipt.usd_text(),
+                "error": None if failed is None else f"{failed.code}: {failed.message}",
                 "replayed": sum(len(c.replayed_in) for c in self.calls), "events": self.events,
                 "parent": self.parent.run_id if self.parent else None, "updated_at": self.updated_at,
                 "steps": checkpoints.steps if checkpoints else None,
