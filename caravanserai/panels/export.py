@@ -28,7 +28,7 @@ from .lineage import LineageSource
 from .source import Source
 from .timeline import TimelineSource
 
-__all__ = ["export_runs", "render_html", "source_data", "write_html"]
+__all__ = ["default_title", "export_runs", "render_html", "source_data", "write_html"]
 
 # no network at all: inline scripts and styles, the panels' module from a blob: URL, data: images
 CSP = "default-src 'none'; script-src 'unsafe-inline' blob:; style-src 'unsafe-inline'; img-src data:"
@@ -78,7 +78,11 @@ def source_data(source: Source) -> dict[str, Any]:
 
 
 def render_html(sources: list[Source], title: str | None = None, headings: list[str] | None = None) -> str:
-    """The HTML text of ``sources`` (each already polled), one section each."""
+    """The HTML text of ``sources`` (each already polled), one section each.
+
+    ``title`` is the page's one ``<h1>`` (default: the run(s) shown, ``default_title``); each
+    section is headed by its panel (``headings``, default ``Timeline: RUN`` ...).
+    """
     folder = static_dir()
     css = (folder / "panels.css").read_text(encoding="utf-8")
     boot = (folder / "export.js").read_text(encoding="utf-8")
@@ -88,10 +92,11 @@ def render_html(sources: list[Source], title: str | None = None, headings: list[
         panel["anchor"] = f"cvs-section-{i}"
     payload = {"js": (folder / "panels.js").read_text(encoding="utf-8"), "panels": panels}
     data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), default=repr).replace("<", "\\u003c")
-    title = title or " · ".join(p["heading"] for p in panels)
+    title = title or default_title(panels)
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     sections = "\n".join(f'<section class="cvs-export-section" id="{p["anchor"]}" data-panel="{p["panel"]}">'
-                         f'<h2>{html.escape(p["heading"])}</h2><div class="cvs-mount" data-index="{i}"></div></section>'
+                         + ("" if p["heading"] == title else f'<h2>{html.escape(p["heading"])}</h2>')  # the title once
+                         + f'<div class="cvs-mount" data-index="{i}"></div></section>'
                          for i, p in enumerate(panels))
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
@@ -111,6 +116,23 @@ it needs no network.</p>
 <script type="module">{boot}</script>
 </body></html>
 """
+
+
+def default_title(panels: list[dict]) -> str:
+    """The page's one title when none is given: the run(s) it shows (``Run a``, ``Runs a and b``)."""
+    names: list[str] = []
+    for panel in panels:
+        summary = panel["summary"]
+        for ref in [summary.get("run_id"), *summary.get("runs", [])]:
+            name = str(ref).split("@", 1)[0] if ref else ""
+            if name and name not in names:
+                names.append(name)
+    if not names:
+        return "caravanserai export"
+    if len(names) == 1:
+        return f"Run {names[0]}"
+    shown = names[:3] if len(names) <= 4 else [*names[:3], f"{len(names) - 3} more"]
+    return f"Runs {', '.join(shown[:-1])} and {shown[-1]}"
 
 
 def _heading(source: Source, panel: dict) -> str:
