@@ -85,7 +85,8 @@ def test_clean(project, child_env):
     caravanserai.runs.close_all()
     assert cli("clean", "r", cwd=project, env=child_env).stdout == "deleted checkpoints for 'r'\n"
     assert (cli("clean", "r", cwd=project, env=child_env, check_rc=1).stderr.strip()
-            == "caravanserai: error: no checkpoints for run 'r'")
+            == f"caravanserai: error: no run 'r' in {(project / '.caravanserai').as_uri()}: "
+            "check the id with `caravanserai list` (`%caravanserai list` in a notebook)")
 
 
 def test_clean_refuses_a_run_another_process_writes(project, child_env):
