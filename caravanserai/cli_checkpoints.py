@@ -14,6 +14,7 @@ import json
 import os
 from typing import Any
 
+from .calls.pricing import usd_text
 from .errors import UsageError
 from .runs.api import readable_run_id
 from .stores import open_store
@@ -240,7 +241,7 @@ def _deltas(step: dict) -> str:
         if seconds is not None and abs(seconds) >= 0.0005:  # under half a millisecond is noise
             parts.append(f"{seconds * 1000:+,.0f} ms" if abs(seconds) < 1 else f"{seconds:+,.2f} s")
         if cell.get("d_usd"):
-            parts.append(f"{cell['d_usd']:+.6f} USD")
+            parts.append(("+" if cell["d_usd"] > 0 else "") + usd_text(cell["d_usd"]))  # +$0.00042, -$0.0012
     return f"   ({', '.join(parts)})" if parts else ""
 
 

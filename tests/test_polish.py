@@ -229,3 +229,9 @@ def test_the_export_has_one_title_shown_once_and_each_panels_heading(project):
     assert [(tag, text) for tag, text in titled if tag != "title"] == [("h1", "My appendix"), ("h2", "Timeline: alpha")]
     data = json.loads(one.split('id="cvs-data">', 1)[1].split("</script>", 1)[0])
     assert [p["heading"] for p in data["panels"]] == ["Timeline: alpha"]
+
+
+def test_diff_prints_cost_deltas_in_the_same_dollars():
+    from caravanserai.cli_checkpoints import _deltas
+
+    assert _deltas({"cells": [{}, {"d_usd": 0.00042}, {"d_usd": -1.5}, {"d_usd": 0}]}) == "   (+$0.00042, -$1.50)"
