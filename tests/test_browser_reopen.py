@@ -97,6 +97,7 @@ def export_without_state(path, tmp_path) -> None:
     nb.metadata.pop("widgets", None)
     body, _ = HTMLExporter().from_notebook_node(nb)
     for call in ("Timeline('reopen-run')", "JournalTable('reopen-run')", "Runs()", "Compare('reopen-run', 'reopen-fork')",
-                 "Lineage('reopen-run')", "ForkPanel('reopen-run')"):
+                 "Lineage('reopen-run')", "ForkPanel('reopen-run')", "%caravanserai show reopen-run", "%caravanserai show reopen-loop"):
         assert call in body, call
     assert "a caravanserai panel saved without its live view" in body
+    assert "model not found" not in body

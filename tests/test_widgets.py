@@ -341,7 +341,8 @@ def test_the_status_line_link_opens_the_dashboard(project):
     link = DashboardLink("linked")
     try:
         bundle = link._repr_mimebundle_()
-        assert bundle["text/plain"] == "timeline: %caravanserai show linked"  # a saved notebook says what to type
+        assert bundle["text/plain"].startswith("%caravanserai show linked  (")  # a saved notebook says what to type
+        assert "<code>%caravanserai show linked</code>" in bundle["text/html"]  # nbviewer, GitHub, an HTML export
         assert "application/vnd.jupyter.widget-view+json" in bundle
         assert link.dashboard is None  # nothing read before the click
         link.children[0].click()

@@ -9,10 +9,11 @@ from caravanserai.stores import Store
 
 from .charts import cost_chart, latency_chart, themed_svg
 from .journal import JournalTable
+from .saved import SavedFallback
 from .timeline import Timeline
 
 
-class Dashboard(ipywidgets.Tab):
+class Dashboard(SavedFallback, ipywidgets.Tab):
     """Tabs: Timeline, Journal, Charts (cost and latency as inline SVG in the notebook theme's colours;
     redrawn by ``refresh_charts()``)."""
 
@@ -21,9 +22,13 @@ class Dashboard(ipywidgets.Tab):
         self.journal = JournalTable(run_id, store, live=live)
         self.charts = ipywidgets.VBox([])
         super().__init__([self.timeline, self.journal, self.charts])
+        self._reopen = f"%caravanserai show {run_id}"
         for index, title in enumerate(("Timeline", "Journal", "Charts")):
             self.set_title(index, title)
         self.observe(self._on_tab, names=["selected_index"])
+
+    def _saved_summary(self) -> dict:
+        return self.timeline._saved_summary()
 
     def _on_tab(self, change: dict) -> None:
         if change["new"] == 2:
@@ -44,7 +49,7 @@ class Dashboard(ipywidgets.Tab):
         super().close()
 
 
-class DashboardLink(ipywidgets.VBox):
+class DashboardLink(SavedFallback, ipywidgets.VBox):
     """A "timeline ▸" button under a ``%%resumable`` status line: a click opens the run's dashboard
     in its place (nothing is read before). Without a widget front end it reads as the magic to type."""
 
@@ -56,6 +61,7 @@ class DashboardLink(ipywidgets.VBox):
         button.add_class("caravanserai-open")
         button.on_click(lambda _: self.open_dashboard())
         super().__init__([button], layout=ipywidgets.Layout(align_items="flex-start"))
+        self._reopen = f"%caravanserai show {run_id}"
 
     def open_dashboard(self) -> Dashboard:
         """Open (once) the run's dashboard in place of the button."""
@@ -63,9 +69,6 @@ class DashboardLink(ipywidgets.VBox):
             self.dashboard = Dashboard(self.run_id, self.store)
             self.children = (self.dashboard,)
         return self.dashboard
-
-    def __repr__(self) -> str:
-        return f"timeline: %caravanserai show {self.run_id}"
 
     def close(self) -> None:
         if self.dashboard is not None:

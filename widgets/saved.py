@@ -50,11 +50,11 @@ class SavedFallback:
         bundle: dict = shown[0] if isinstance(shown, tuple) else shown  # anywidget: (data, metadata)
         call = self._reopen or type(self).__name__
         words = self._saved_words()
-        bundle["text/plain"] = f"{call}" + (f"  # {words}" if words else "") + "  (a caravanserai panel: run the cell to open it)"
+        bundle["text/plain"] = f"{call}" + (f"  # {words}" if words else "") + "  (a caravanserai panel: run this to open it)"
         bundle["text/html"] = (
             '<div class="cvs-saved" style="font:13px/1.45 system-ui,sans-serif;border:1px solid #d0d7de;'
             'border-radius:6px;padding:6px 10px;max-width:56em">'
-            f"<strong>{html.escape(call)}</strong>" + (f" — {html.escape(words)}" if words else "")
+            f"<code>{html.escape(call)}</code>" + (f" — {html.escape(words)}" if words else "")
             + '<br><span style="opacity:.75">a caravanserai panel saved without its live view: '
-            "run the cell again (or the call above) to open it</span></div>")
+            "run the call above in a notebook to open it</span></div>")
         return shown
