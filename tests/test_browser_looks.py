@@ -11,7 +11,18 @@ tests/artifacts/looks-*.png. Skips locally without Chromium/Playwright; fails un
 from __future__ import annotations
 
 import pytest
-from browser_helpers import REPO, JupyterServer, chromium, lab_command, need_browser, notebook, open_notebook, run_all, screenshot, wait_idle
+from browser_helpers import (
+    REPO,
+    JupyterServer,
+    chromium,
+    lab_command,
+    need_browser,
+    notebook,
+    open_notebook,
+    run_all,
+    screenshot,
+    wait_idle,
+)
 from research_loop import research_loop
 
 ROW = 26  # px per row (panels.js)
@@ -59,7 +70,8 @@ CELLS = [
     "Compare('looks-run', 'looks-fork')",
     "Lineage('looks-run')",
     "ForkPanel('looks-run')",
-    "import caravanserai\ncaravanserai.fork('looks-loop', at=16, new_run_id='looks-loop-b', variables={'results': {i: -i for i in range(16)}})\n"
+    "import caravanserai\ncaravanserai.fork('looks-loop', at=16, new_run_id='looks-loop-b',\n"
+    "                  variables={'results': {i: -i for i in range(16)}})\n"
     "Compare('looks-loop', 'looks-loop-b')",
     "Runs('http://127.0.0.1:9/?token=t')  # nothing listens there: the error state",
     "%caravanserai show looks-run",

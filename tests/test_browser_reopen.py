@@ -17,7 +17,17 @@ import json
 import time
 
 import pytest
-from browser_helpers import JupyterServer, chromium, lab_command, need_browser, notebook, open_notebook, run_all, screenshot, wait_idle
+from browser_helpers import (
+    JupyterServer,
+    chromium,
+    lab_command,
+    need_browser,
+    notebook,
+    open_notebook,
+    run_all,
+    screenshot,
+    wait_idle,
+)
 from research_loop import research_loop
 
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
@@ -97,7 +107,8 @@ def export_without_state(path, tmp_path) -> None:
     nb.metadata.pop("widgets", None)
     body, _ = HTMLExporter().from_notebook_node(nb)
     for call in ("Timeline('reopen-run')", "JournalTable('reopen-run')", "Runs()", "Compare('reopen-run', 'reopen-fork')",
-                 "Lineage('reopen-run')", "ForkPanel('reopen-run')", "%caravanserai show reopen-run", "%caravanserai show reopen-loop"):
+                 "Lineage('reopen-run')", "ForkPanel('reopen-run')", "%caravanserai show reopen-run",
+                 "%caravanserai show reopen-loop"):
         assert call in body, call
     assert "a caravanserai panel saved without its live view" in body
     assert "model not found" not in body

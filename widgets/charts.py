@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import io
-import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
+from caravanserai.calls.pricing import usd_text
 from caravanserai.runs.index import list_runs
 from caravanserai.runs.view import RunView, inspect_run
 from caravanserai.stores import Store, open_store
@@ -77,14 +77,9 @@ class CallPoint:
 
 
 def usd_tick(value: float, pos: int | None = None) -> str:
-    """A dollar amount as an axis shows it: "$0", "$12.34" from $1 up, three significant digits below
-    ("$0.015", "$0.00042"); never an offset or scientific notation."""
-    if abs(value) < 1e-12:  # a tick at zero computed as 1e-18
-        return "$0"
-    sign, value = "-" if value < 0 else "", abs(value)
-    if float(f"{value:.3g}") >= 1:  # 0.9996 reads $1.00
-        return f"{sign}${value:.2f}"
-    return f"{sign}$" + f"{value:.{2 - math.floor(math.log10(value))}f}".rstrip("0").rstrip(".")
+    """A dollar amount as an axis shows it: ``calls.pricing.usd_text`` ("$0", "$12.34", "$0.00042"),
+    a tick at zero computed as 1e-18 included; never an offset or scientific notation."""
+    return usd_text(0.0 if abs(value) < 1e-12 else value)
 
 
 def _view(run: RunView | str, store: Store | str | None) -> RunView:

@@ -86,7 +86,7 @@ function dollars(usd) {
 
 function fmtUsd(usd, priced) {
   if (priced === false || usd === null || usd === undefined) return "unpriced";
-  return `${Number(usd) < 0 ? "−" : ""}${dollars(usd)}`;
+  return `${Number(usd) < 0 ? "-" : ""}${dollars(usd)}`;
 }
 
 function fmtInt(n) {
@@ -489,7 +489,7 @@ function fmtDelta(value, kind) {
   if (value === null || value === undefined) return "";
   const size = Math.abs(value);
   if (size === 0 || (kind === "s" && size < 0.0005)) return ""; // under what fmtDuration shows
-  const sign = value > 0 ? "+" : "−";
+  const sign = value > 0 ? "+" : "-"; // as `caravanserai diff` writes a change
   if (kind === "tokens") return `${sign}${fmtInt(size)} tok`;
   if (kind === "usd") return `${sign}${dollars(size)}`;
   return `${sign}${fmtDuration(size)}`;
