@@ -11,6 +11,7 @@ without the kernel packages; fails under CI=true.
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from pathlib import Path
@@ -110,7 +111,7 @@ def check_03(nb) -> None:
     assert "2 model requests sent" in text[cell_with(nb, "result = run(support")]
     assert "replayed: True | 2 model requests in total" in text[cell_with(nb, "again = run(support")]
     assert "call_settled" in text[cell_with(nb, "table.df[")]
-    assert "total: $0.0000" in text[cell_with(nb, "receipt = result.receipt")]
+    assert re.search(r"^total: \$0\.0\d*[1-9]$", text[cell_with(nb, "receipt = result.receipt")], re.M)  # plain dollars
     budget = text[cell_with(nb, "budget=")]
     assert "BudgetExceeded" in budget and "3 requests were sent" in budget
     assert "('C-9', 30.0)" in text[cell_with(nb, "payments = {}")]
