@@ -5,20 +5,18 @@ BIN := $(VENV)/bin
 
 .PHONY: demo test bench clean-venv model-server vllm-server framework-venvs
 
+# pip -qq: errors only (the build backend's deprecation banners are warnings, shown by -q)
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -qq --upgrade pip
+	$(BIN)/pip install -qq -e '.[test]'
 	# what the wheel installs as a data file (an editable install skips data files)
 	install -D -m 644 jupyter-config/lab/settings/overrides.d/caravanserai.json $(VENV)/share/jupyter/lab/settings/overrides.d/caravanserai.json
 	touch $@
 
-# The seed's transcript: run, Ctrl-C after step 3, run again (resumes at 4/5), show the waypoint.
+# The seed's transcript: run, Ctrl-C as soon as it prints step 3, run again (resumes at 4/5), show the waypoint.
 demo: $(BIN)/.installed
-	-$(BIN)/caravanserai clean demo 2>/dev/null
-	-timeout --foreground -s INT 3.6 $(BIN)/python demo.py
-	$(BIN)/python demo.py
-	$(BIN)/caravanserai show demo
+	@$(BIN)/python tools/demo_transcript.py
 
 # The real local model server (SmolLM2 via `transformers serve`) gets its own venv, built once.
 model-server: $(BIN)/.installed
