@@ -30,6 +30,7 @@ def notebook_env(project: Path, **extra: str) -> dict[str, str]:
     from kernel_helpers import child_env
 
     env = child_env(project)
+    env["NB02_SECONDS_PER_ITEM"] = "0.5"  # 02's loop: 1.5 s an item gives a person time to restart by hand (it says so)
     # 05's servers: unreachable unless a test passes real ones, so the cells say how to start one
     env.setdefault("DEMO_POSTGRES_URL", f"postgresql://postgres@127.0.0.1:{free_port()}/postgres")
     env.setdefault("DEMO_S3_URL", f"s3://runs/team?endpoint=http://127.0.0.1:{free_port()}&region=us-east-1")
@@ -98,8 +99,8 @@ def check_01(nb) -> None:
 def check_02(nb) -> None:
     loops = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.startswith("%%resumable squares\n")]
     first, again, shown, edited = (text_of(nb.cells[i]) for i in loops)
-    assert "KeyboardInterrupt" in first and "added 3" in first and "added 4" not in first
-    assert "resumed (attempt 2" in again and "added 0" not in again and "added 3" in again and again.endswith("140")
+    assert "KeyboardInterrupt" in first and "added 5" in first and "added 6" not in first
+    assert "resumed (attempt 2" in again and "added 4" not in again and "added 5" in again and again.endswith("140")
     assert "completed earlier" in shown and shown.endswith("140")
     assert "CellChanged" in edited and "--fork NEW_ID" in edited
     assert text_of(nb.cells[cell_with(nb, "--restart")]).endswith("784")
@@ -131,6 +132,10 @@ def check_04(nb) -> None:
 
 def check_05(nb, servers: bool = False) -> None:
     text = [text_of(c) for c in nb.cells]
+    stderr = [o["text"] for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if o["output_type"] == "stream" and o["name"] == "stderr"]
+    assert not any("without encryption" in s for s in stderr), stderr  # kernel 2 over IPC: no red TCP warning box
+    assert "[kernel 2] pid" in text[cell_with(nb, "KernelManager(")] and stderr == [], stderr
     assert "[kernel 2] done" in text[cell_with(nb, 'durable("from-kernel-2"')]
     assert "RunLocked" in text[cell_with(nb, "in_kernel_2(JOB")]
     takeover = text[cell_with(nb, "def finish_job")]
@@ -199,7 +204,7 @@ def test_notebook_02_as_a_person_does_it_kernel_restarted_mid_loop(tmp_path: Pat
     kernel = Kernel(tmp_path, notebook_env(tmp_path))
     try:
         kernel.ok(setup)
-        started = kernel.submit(loop)                      # the loop takes 4 s
+        started = kernel.submit(loop)                      # 8 items, 0.5 s each here (NB02_SECONDS_PER_ITEM)
         deadline = time.monotonic() + 60
         while count(tmp_path, "squares", "waypoint") < 2:  # two items committed: restart now
             assert time.monotonic() < deadline, "the loop never committed two items"
