@@ -5,13 +5,14 @@ BIN := $(VENV)/bin
 
 .PHONY: demo test bench clean-venv model-server vllm-server framework-venvs
 
-# pip -qq: errors only (the build backend's deprecation banners are warnings, shown by -q)
+# The venv. pip -qq: errors only (the build backend's deprecation banners are warnings, shown by -q). The
+# last line puts in place the one data file the wheel installs (an editable install skips data files):
+# JupyterLab's default to save widget state with notebooks (docs/panels.md).
 $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -qq --upgrade pip
 	$(BIN)/pip install -qq -e '.[test]'
-	# what the wheel installs as a data file (an editable install skips data files)
-	install -D -m 644 jupyter-config/lab/settings/overrides.d/caravanserai.json $(VENV)/share/jupyter/lab/settings/overrides.d/caravanserai.json
+	@install -D -m 644 jupyter-config/lab/settings/overrides.d/caravanserai.json $(VENV)/share/jupyter/lab/settings/overrides.d/caravanserai.json
 	touch $@
 
 # The seed's transcript: run, Ctrl-C as soon as it prints step 3, run again (resumes at 4/5), show the waypoint.

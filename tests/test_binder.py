@@ -85,7 +85,8 @@ def test_a_fresh_venv_from_binder_files_runs_every_notebook(tmp_path: Path):
         "display_name": "binder venv", "language": "python"}))
     kernel_env = {**env, "PATH": f"{venv}/bin:{env['PATH']}", "IPYTHONDIR": str(tmp_path / ".ipython"),
                   "DEMO_POSTGRES_URL": "postgresql://postgres@127.0.0.1:9/postgres",  # unreachable: 05 says how to start one
-                  "DEMO_S3_URL": "s3://runs/team?endpoint=http://127.0.0.1:9&region=us-east-1"}
+                  "DEMO_S3_URL": "s3://runs/team?endpoint=http://127.0.0.1:9&region=us-east-1",
+                  "NB02_SECONDS_PER_ITEM": "0.5"}  # notebook 02's pace for a person to click Restart, not needed here
 
     import nbformat
     from jupyter_client.kernelspec import KernelSpecManager
