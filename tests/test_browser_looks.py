@@ -75,6 +75,7 @@ CELLS = [
     "Compare('looks-loop', 'looks-loop-b')",
     "Runs('http://127.0.0.1:9/?token=t')  # nothing listens there: the error state",
     "%caravanserai show looks-run",
+    "Timeline('looks-loop')",
 ]
 # output index (code cell) -> screenshot name
 SHOTS = {3: "timeline", 4: "journal", 5: "runs", 6: "compare", 7: "lineage", 8: "fork", 9: "compare-loop",
@@ -107,6 +108,7 @@ def test_every_panel_light_dark_and_narrow(tmp_path):
             check_heights(page)
             check_journal_sort(output(page, 4))
             check_unfold_keeps_the_row(output(page, 9))
+            check_unfolding_loop_progress_keeps_attempt_1(output(page, 12))
             output(page, 5).locator("button.cvs-chart-button").click()  # the Runs chart, inside the panel
             output(page, 5).locator(".cvs-chart svg").wait_for()
             output(page, 11).locator(".lm-TabBar-tab", has_text="Charts").click()
@@ -195,3 +197,18 @@ def check_unfold_keeps_the_row(area) -> None:
     page_box = panel.locator(".cvs-scroller").bounding_box()
     row_box = panel.locator(".cvs-row.cvs-cmp:has(.cvs-cmp-step:text-is('1'))").bounding_box()
     assert page_box["y"] <= row_box["y"] <= page_box["y"] + page_box["height"] - ROW, (page_box, row_box)
+
+
+def check_unfolding_loop_progress_keeps_attempt_1(area) -> None:
+    """Unticking "fold loop progress" adds a row per loop commit; the row at the top (attempt 1) stays there."""
+    area.scroll_into_view_if_needed()
+    panel = area.locator(".cvs-panel").first
+    scroller = panel.locator(".cvs-scroller")
+    scroller.evaluate("(el) => { el.scrollTop = 0; }")
+    first = panel.locator(".cvs-row.cvs-attempt").first
+    first.wait_for()
+    before = int(panel.get_attribute("data-total"))
+    panel.locator(".cvs-check input").uncheck()
+    area.page.wait_for_function("([el, n]) => Number(el.dataset.total) > n", arg=[panel.element_handle(), before])
+    box, row = scroller.bounding_box(), panel.locator(".cvs-row.cvs-attempt").first.bounding_box()
+    assert box["y"] <= row["y"] <= box["y"] + ROW, (box, row)  # still the top row, not scrolled to the end
