@@ -366,3 +366,33 @@ def test_tampered_money_figures_are_journal_corruption(project, name, capsys):
                            {"at": events[-1]["at"], "type": "run_failed", "code": "x", "message": "y"}],
                     allow_nan=needs_nan)
     expect_corruption(lambda: run_summary(store.load(run_id)))
+
+
+def test_ctrl_c_landing_just_after_a_journal_write_loses_nothing_and_reuses_no_seq(project, monkeypatch):
+    """Kernel > Interrupt between the store writing a line and the writer counting it: the interrupt waits
+    for the append to finish, so the ``interrupted`` record that follows takes the next seq (this was a
+    journal that no longer verified: two lines with one seq)."""
+    import os
+
+    interrupted_once: list[bool] = []
+    restore: list[Any] = []
+    with pytest.raises(KeyboardInterrupt):
+        with durable("ctrl-c-mid-append") as run:
+            run.checkpoint({"i": 0}, "step 0")
+            write = type(run.store)._append
+
+            def write_then_ctrl_c(self, *args, **kwargs):
+                write(self, *args, **kwargs)
+                if not interrupted_once:  # the SIGINT arrives right after the bytes are on disk
+                    interrupted_once.append(True)
+                    os.kill(os.getpid(), signal.SIGINT)
+
+            backend = type(run.store)
+            monkeypatch.setattr(backend, "_append", write_then_ctrl_c)
+            restore.append((backend, write))
+            run.checkpoint({"i": 1}, "step 1")
+    monkeypatch.setattr(restore[0][0], "_append", restore[0][1])  # not undo(): that would leave the project dir
+    events = read_events("ctrl-c-mid-append")  # verifies the hash chain and that seqs follow each other
+    assert [e["type"] for e in events] == ["run_started", "waypoint", "waypoint", "interrupted"]
+    assert [e["seq"] for e in events] == [0, 1, 2, 3] and events[2]["state"] == {"i": 1}
+    assert caravanserai.load_latest("ctrl-c-mid-append")[0] == {"i": 1}  # the waypoint the Ctrl-C followed is kept

@@ -27,6 +27,7 @@ from ..journal import to_json
 from ..stores import Store
 from ..stores.base import Lease
 from .bookkeeping import LoopBook, NotebookHooks
+from .interrupts import interrupts_deferred
 
 __all__ = ["Run", "Waypoint", "launch_info"]
 
@@ -197,11 +198,12 @@ class Run:
                 replays = [{"type": "replayed", "calls": self.replayed}] if self.replayed else []
                 pending = [*self._header, *replays, *events]
             lines, encoded, stored, tail = journal.encode_stored(pending, self._tail)
-            self._lease.renew()
-            self.store.append(self.run_id, lines, lease=self._lease, seq=self._tail.seq, sync=sync)
-            self._tail = tail
-            if pending is not events:
-                self._header, self.replayed = [], []
+            with interrupts_deferred():  # a Ctrl-C between the write and its count would reuse a seq
+                self._lease.renew()
+                self.store.append(self.run_id, lines, lease=self._lease, seq=self._tail.seq, sync=sync)
+                self._tail = tail
+                if pending is not events:
+                    self._header, self.replayed = [], []
             self._started = True
             for event in stored:
                 etype = event["type"]
