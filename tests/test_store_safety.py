@@ -35,6 +35,7 @@ from caravanserai import (
     StoreUnavailable,
     UnknownStoreScheme,
 )
+from caravanserai.errors import ObjectLeaseTtlOptionInvalid
 from caravanserai.ids import validate_run_id
 from caravanserai.stores import LocalStore, MemoryStore, open_store
 from caravanserai.stores.sql import SqliteStore
@@ -241,7 +242,7 @@ URL_ROWS = [
     ("s3://b/p?endpoint=http://h:99999", InvalidStoreUrl, "not a valid endpoint"),
     ("s3://b/p?endpoint=ftp://h", InvalidStoreUrl, "http:// or https://"),
     ("s3://b/p?allow_http=maybe", InvalidStoreUrl, "expected true or false"),
-    ("s3://b/p?lease_ttl_ms=1", InvalidStoreUrl, "minimum 3000"),
+    ("s3://b/p?lease_ttl_ms=1", ObjectLeaseTtlOptionInvalid, "minimum 3000"),  # the seed's code, also a URL error
     ("s3://b/p?secret_access_key=hunter2&oops=1", InvalidStoreUrl, "unknown option(s) oops"),
     ("s3://", InvalidStoreUrl, "s3://bucket/prefix"),
     ("gs://b?bogus=1", InvalidStoreUrl, "service_account"),
@@ -303,6 +304,21 @@ def test_a_short_lease_ttl_is_one_error_by_url_or_by_constructor(project):
         assert type(info.value) is LeaseTtlOptionInvalid and info.value.code == "invalid_store_url"
         assert info.value.option in ("lease_ttl_ms", "lock_ttl_ms") and info.value.lease_ttl_ms == 5
     assert not (project / "a.db").exists()  # refused before anything is created
+
+
+def test_an_object_store_url_with_a_short_lease_has_the_seeds_code():
+    """``s3://…?lease_ttl_ms=1000``: the seed's ``durable_object_lease_ttl_invalid``, and still a URL error."""
+    from caravanserai import LeaseTtlInvalid, ObjectLeaseTtlInvalid
+    from caravanserai.errors import LeaseTtlOptionInvalid
+
+    need_module("obstore", "s3")
+    with pytest.raises(ObjectLeaseTtlInvalid) as info:
+        open_store("s3://bucket/prefix?lease_ttl_ms=1000&endpoint=http://127.0.0.1:9&region=us-east-1")
+    error = info.value
+    assert type(error) is ObjectLeaseTtlOptionInvalid and error.code == "durable_object_lease_ttl_invalid"
+    assert isinstance(error, (InvalidStoreUrl, LeaseTtlOptionInvalid, LeaseTtlInvalid, ValueError))
+    assert isinstance(error, InvalidStoreUrl) and error.option == "lease_ttl_ms" and error.minimum == 3000
+    assert "below the minimum 3000" in one_line(error)
 
 
 def test_a_real_server_refusing_a_libpq_option_is_invalid_store_url(pg):

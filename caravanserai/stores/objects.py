@@ -63,6 +63,7 @@ from ..errors import (
     ObjectCompactionInvalid,
     ObjectConditionalPutRequired,
     ObjectLeaseTtlInvalid,
+    ObjectLeaseTtlOptionInvalid,
     ObjectNotFound,
     ObjectPreconditionFailed,
     RunLocked,
@@ -710,7 +711,8 @@ def from_obstore_url(url: str) -> BucketStore:
     if not parts.netloc or "@" in parts.netloc or parts.fragment:
         raise InvalidStoreUrl(f"{shown!r} must look like {scheme}://bucket/prefix?option=value (a bucket, no "
                               "credentials before it, no #fragment)", url=shown)
-    given = parse_options(parts.query, {name: entry[2] for name, entry in table.items()}, url)
+    given = parse_options(parts.query, {name: entry[2] for name, entry in table.items()}, url,
+                          lease_error=ObjectLeaseTtlOptionInvalid)
     config: dict[str, Any] = {}
     client: dict[str, Any] = {}
     ours: dict[str, Any] = {}

@@ -25,10 +25,12 @@ def split_url(url: str, form: str) -> SplitResult:
     return parts
 
 
-def parse_options(query: str, known: dict[str, Callable[[str], Any]], url: str, *, shown: str | None = None) -> dict[str, Any]:
+def parse_options(query: str, known: dict[str, Callable[[str], Any]], url: str, *, shown: str | None = None,
+                  lease_error: type[LeaseTtlOptionInvalid] = LeaseTtlOptionInvalid) -> dict[str, Any]:
     """The URL query's options converted by ``known``; InvalidStoreUrl (listing the known ones) otherwise.
 
-    ``shown`` is how messages name the URL (default: ``url`` with secrets redacted).
+    ``shown`` is how messages name the URL (default: ``url`` with secrets redacted); ``lease_error`` the
+    error of a too-short lease option (an object store's is the seed's ``ObjectLeaseTtlOptionInvalid``).
     """
     shown = redact(shown or url)
     try:
@@ -36,10 +38,11 @@ def parse_options(query: str, known: dict[str, Callable[[str], Any]], url: str, 
     except ValueError:
         raise InvalidStoreUrl(f"cannot read the options of {shown!r}; write them as ?name=value&name=value",
                               url=shown) from None
-    return check_options(dict(pairs), known, shown)
+    return check_options(dict(pairs), known, shown, lease_error=lease_error)
 
 
-def check_options(given: dict[str, str], known: dict[str, Callable[[str], Any]], url: str) -> dict[str, Any]:
+def check_options(given: dict[str, str], known: dict[str, Callable[[str], Any]], url: str, *,
+                  lease_error: type[LeaseTtlOptionInvalid] = LeaseTtlOptionInvalid) -> dict[str, Any]:
     """``given`` converted by ``known`` (name -> converter); ``url`` (already redacted) names the URL."""
     unknown = set(given) - set(known)
     if unknown:
@@ -60,9 +63,9 @@ def check_options(given: dict[str, str], known: dict[str, Callable[[str], Any]],
             try:
                 check_lease_ttl(converted[name], option=name)
             except LeaseTtlInvalid:
-                raise LeaseTtlOptionInvalid(f"option {name}={converted[name]} in {url!r} is below the minimum "
-                                            f"{MIN_TTL_MS}; use {MIN_TTL_MS} or more", url=url, option=name,
-                                            lease_ttl_ms=converted[name], minimum=MIN_TTL_MS) from None
+                raise lease_error(f"option {name}={converted[name]} in {url!r} is below the minimum "
+                                  f"{MIN_TTL_MS}; use {MIN_TTL_MS} or more", url=url, option=name,
+                                  lease_ttl_ms=converted[name], minimum=MIN_TTL_MS) from None
     return converted
 
 
