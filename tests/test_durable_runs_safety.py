@@ -396,3 +396,29 @@ def test_ctrl_c_landing_just_after_a_journal_write_loses_nothing_and_reuses_no_s
     assert [e["type"] for e in events] == ["run_started", "waypoint", "waypoint", "interrupted"]
     assert [e["seq"] for e in events] == [0, 1, 2, 3] and events[2]["state"] == {"i": 1}
     assert caravanserai.load_latest("ctrl-c-mid-append")[0] == {"i": 1}  # the waypoint the Ctrl-C followed is kept
+
+
+def test_ctrl_c_just_after_a_write_leaves_the_shared_writer_counting_right(project, monkeypatch):
+    """The same Ctrl-C on ``checkpoint()``'s shared writer, which stays open: its next waypoint is number 3,
+    not a second number 2 (the writer's in-memory record is complete before the interrupt is delivered)."""
+    import os
+
+    caravanserai.checkpoint("shared-ctrl-c", {"i": 0}, "one")
+    from caravanserai.stores.local import LocalStore
+
+    write = LocalStore._append
+    fired: list[bool] = []
+
+    def write_then_ctrl_c(self, *args, **kwargs):
+        write(self, *args, **kwargs)
+        if not fired:
+            fired.append(True)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(LocalStore, "_append", write_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        caravanserai.checkpoint("shared-ctrl-c", {"i": 1}, "two")
+    monkeypatch.setattr(LocalStore, "_append", write)
+    assert caravanserai.checkpoint("shared-ctrl-c", {"i": 2}, "three") == 3
+    waypoints = [e["n"] for e in read_events("shared-ctrl-c") if e["type"] == "waypoint"]
+    assert waypoints == [1, 2, 3]

@@ -5,7 +5,8 @@ bytecodes. Landing after the store wrote a line but before the writer (and the l
 the next append (the ``interrupted`` record itself) would reuse that line's ``seq``: a journal that
 no longer verifies. Inside ``interrupts_deferred()`` a SIGINT is only noted; it is delivered, to the
 handler that was in place, as soon as the block ends — the append is then whole on disk and in
-memory. Elsewhere than the main thread (where no signal handler runs) it does nothing.
+memory. A second Ctrl-C while the block still runs (a store that hangs) interrupts at once, as the
+person pressing it wants. Elsewhere than the main thread (where no signal handler runs) it does nothing.
 """
 
 from __future__ import annotations
@@ -30,10 +31,17 @@ def interrupts_deferred() -> Iterator[None]:
         yield
         return
     caught: list[tuple[int, Any]] = []
-    signal.signal(signal.SIGINT, lambda signum, frame: caught.append((signum, frame)))
+
+    def note(signum: int, frame: Any) -> None:
+        caught.append((signum, frame))
+        signal.signal(signal.SIGINT, previous)  # a second Ctrl-C (a store I/O that hangs) interrupts at once
+
+    signal.signal(signal.SIGINT, note)
     try:
         yield
-    finally:
+    except BaseException:
         signal.signal(signal.SIGINT, previous)
-        if caught:
-            previous(*caught[0])
+        raise
+    signal.signal(signal.SIGINT, previous)
+    if caught:
+        previous(*caught[0])

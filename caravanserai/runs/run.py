@@ -198,27 +198,29 @@ class Run:
                 replays = [{"type": "replayed", "calls": self.replayed}] if self.replayed else []
                 pending = [*self._header, *replays, *events]
             lines, encoded, stored, tail = journal.encode_stored(pending, self._tail)
-            with interrupts_deferred():  # a Ctrl-C between the write and its count would reuse a seq
+            # a Ctrl-C between the write and the writer's record of it (seq, waypoint count, index) would
+            # make the next append reuse them: it is delivered when all of this is done
+            with interrupts_deferred():
                 self._lease.renew()
                 self.store.append(self.run_id, lines, lease=self._lease, seq=self._tail.seq, sync=sync)
                 self._tail = tail
                 if pending is not events:
                     self._header, self.replayed = [], []
-            self._started = True
-            for event in stored:
-                etype = event["type"]
-                self.segments.feed(event)
-                if etype in _INDEXED or "names" in event:  # what _index keeps; journaled calls are the ledger's
-                    self._index(event)
-                if etype in BOUNDARIES:
-                    self.ledger.boundary()
-            if self._first is None:
-                self._first = stored[0]
-            if self._appended is not None:
-                self._appended.extend(stored)
-                if len(self.opened_events) + len(self._appended) > HELD_EVENTS_MAX:
-                    self._appended = None  # too long to keep: whoever needs the journal reads it
-            self.store.committed(self.run_id, encoded)  # in order: views never go backwards
+                self._started = True
+                for event in stored:
+                    etype = event["type"]
+                    self.segments.feed(event)
+                    if etype in _INDEXED or "names" in event:  # what _index keeps; journaled calls are the ledger's
+                        self._index(event)
+                    if etype in BOUNDARIES:
+                        self.ledger.boundary()
+                if self._first is None:
+                    self._first = stored[0]
+                if self._appended is not None:
+                    self._appended.extend(stored)
+                    if len(self.opened_events) + len(self._appended) > HELD_EVENTS_MAX:
+                        self._appended = None  # too long to keep: whoever needs the journal reads it
+                self.store.committed(self.run_id, encoded)  # in order: views never go backwards
         if self.notebook.listeners:
             for listener in list(self.notebook.listeners):
                 try:
