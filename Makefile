@@ -12,7 +12,8 @@ $(BIN)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -qq --upgrade pip
 	$(BIN)/pip install -qq -e '.[test]'
-	@install -D -m 644 jupyter-config/lab/settings/overrides.d/caravanserai.json $(VENV)/share/jupyter/lab/settings/overrides.d/caravanserai.json
+	@mkdir -p $(VENV)/share/jupyter/lab/settings/overrides.d
+	@cp jupyter-config/lab/settings/overrides.d/caravanserai.json $(VENV)/share/jupyter/lab/settings/overrides.d/
 	touch $@
 
 # The seed's transcript: run, Ctrl-C as soon as it prints step 3, run again (resumes at 4/5), show the waypoint.

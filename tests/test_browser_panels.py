@@ -144,6 +144,8 @@ def test_timeline_in_jupyterlab_after_a_kernel_kill(tmp_path, model_server, prox
             loop_cell.locator(".caravanserai-open").click()
             loop_cell.locator(".cvs-panel .cvs-attempt", has_text="attempt 3").wait_for()
             loop_cell.scroll_into_view_if_needed()
+            width = loop_cell.locator(".cvs-panel").first.bounding_box()["width"]
+            assert width > 600, width  # the dashboard takes the cell's width, not the button's
             screenshot(page, "panels-status-link.png")
             assert page.errors == []  # type: ignore[attr-defined]
     finally:

@@ -89,6 +89,11 @@ def test_a_saved_notebook_reopens_with_every_panel_as_a_picture(tmp_path):
             panels = page.locator(".cvs-panel")
             assert panels.count() >= PANELS
             assert page.locator(".cvs-badge.cvs-live").count() == 0  # nothing claims a kernel polls it
+            # every former panel shows something: its rows (a list) or its tree (Lineage), none empty
+            totals = page.evaluate("() => [...document.querySelectorAll('.cvs-panel')].map((p) => "
+                                   "Number(p.dataset.total || 0))")
+            assert len(totals) >= PANELS and min(totals) > 0, totals
+            assert page.locator(".cvs-badge.cvs-saved").count() >= PANELS - 1  # the hidden Journal tab's may lag
             timeline = page.locator(".cvs-panel:has(.cvs-title:text-is('reopen-run'))").first
             assert "step 5" in timeline.inner_text()  # the last rows, as saved
             assert page.locator(".cvs-panel .cvs-node-id:text-is('reopen-fork')").count() == 1  # the Lineage tree

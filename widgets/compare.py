@@ -45,7 +45,7 @@ class Compare(Panel):
                  live: bool = True) -> None:
         names, store = _refs_and_store(refs, store)
         super().__init__(CompareSource(names, store, only_diff=only_diff, fold=fold), only_diff=only_diff, fold=fold)
-        self._reopen = reopen_call("Compare", *refs, store=store)
+        self._reopen = reopen_call("Compare", *names, store=store)
         if not self.tick():
             self.send_window()
         if live:

@@ -9,8 +9,14 @@ from caravanserai.stores import Store
 
 from .charts import cost_chart, latency_chart, themed_svg
 from .journal import JournalTable
-from .saved import SavedFallback
+from .saved import SavedFallback, store_text
 from .timeline import Timeline
+
+
+def show_command(run_id: str, store: Store | str | None) -> str:
+    """The magic that opens the dashboard again (the store's URL, secrets redacted, when not the default)."""
+    where = store_text(store)
+    return f"%caravanserai show {run_id}" + (f" --store {where}" if where else "")
 
 
 class Dashboard(SavedFallback, ipywidgets.Tab):
@@ -22,7 +28,7 @@ class Dashboard(SavedFallback, ipywidgets.Tab):
         self.journal = JournalTable(run_id, store, live=live)
         self.charts = ipywidgets.VBox([])
         super().__init__([self.timeline, self.journal, self.charts])
-        self._reopen = f"%caravanserai show {run_id}"
+        self._reopen = show_command(run_id, store)
         for index, title in enumerate(("Timeline", "Journal", "Charts")):
             self.set_title(index, title)
         self.observe(self._on_tab, names=["selected_index"])
@@ -61,12 +67,13 @@ class DashboardLink(SavedFallback, ipywidgets.VBox):
         button.add_class("caravanserai-open")
         button.on_click(lambda _: self.open_dashboard())
         super().__init__([button], layout=ipywidgets.Layout(align_items="flex-start"))
-        self._reopen = f"%caravanserai show {run_id}"
+        self._reopen = show_command(run_id, store)
 
     def open_dashboard(self) -> Dashboard:
         """Open (once) the run's dashboard in place of the button."""
         if self.dashboard is None:
             self.dashboard = Dashboard(self.run_id, self.store)
+            self.layout.align_items = "stretch"  # the dashboard takes the cell's width (the button did not)
             self.children = (self.dashboard,)
         return self.dashboard
 

@@ -69,8 +69,12 @@ class RunsList(Panel):
         changed = bool(changed_ids or gone)
         if changed:
             self._all = sorted(self._rows_by_id.values(), key=lambda r: r.get("updated_at") or "", reverse=True)
-            if self.chart:
-                self.draw_chart()
+            if self.chart:  # redrawn with the rows; a chart that cannot be drawn must not stop the list
+                try:
+                    self.draw_chart()
+                except Exception as exc:
+                    self.chart = ""
+                    self.show_error(exc)
         self.show_error(None, reading=True)
         return changed
 

@@ -2,8 +2,8 @@
 
 A panel's output holds the widget view and, beside it, ``text/html`` and ``text/plain`` that name
 the panel, what it showed when it was displayed and the call that reopens it. JupyterLab draws the
-widget (from the kernel, or from the widget state saved with the notebook: the ``[notebook]`` extra
-turns on "Save Widget State Automatically"); nbconvert's HTML export, nbviewer and GitHub fall back
+widget (from the kernel, or from the widget state saved with the notebook: installing caravanserai
+turns on "Save Widget State Automatically" by default); nbconvert's HTML export, nbviewer and GitHub fall back
 to the HTML when no state was saved, and a terminal to the text. Nothing here reads the store again.
 """
 
@@ -12,21 +12,31 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from caravanserai.stores.urls import redact
+
 __all__ = ["SavedFallback", "reopen_call"]
 
 # summary entries worth a word in the fallback, in the order they are read
-_FIELDS = (("status", "{}"), ("attempts", "{} attempt(s)"), ("waypoints", "{} waypoint(s)"), ("calls", "{} call(s)"),
+_FIELDS = (("status", "{}"), ("attempts", "{} attempt(s)"), ("waypoints", "{} waypoint(s)"), ("calls_text", "{}"),
            ("steps", "{} step(s)"), ("timelines", "{} timeline(s)"), ("forks", "{} fork(s)"),
            ("events", "{} event(s)"), ("runs", "{} run(s)"))
 
 
 def reopen_call(name: str, *refs: Any, store: Any = None) -> str:
-    """The Python call that opens the same panel again, e.g. ``Timeline('five-steps')``."""
+    """The Python call that opens the same panel again, e.g. ``Timeline('five-steps')``; a store is named by
+    its URL with passwords, tokens and keys redacted (this text is saved in the notebook)."""
     args = [repr(ref) if isinstance(ref, str) else repr(str(getattr(ref, "run_id", None) or type(ref).__name__))
             for ref in refs]
-    if isinstance(store, str):
-        args.append(f"store={store!r}")
+    where = store_text(store)
+    if where:
+        args.append(f"store={where!r}")
     return f"{name}({', '.join(args)})"
+
+
+def store_text(store: Any) -> str:
+    """A store (URL or ``Store``) as a notebook may keep it: its URL, secrets redacted; "" for the default."""
+    url = store if isinstance(store, str) else getattr(store, "url", None)
+    return redact(url) if isinstance(url, str) and url else ""
 
 
 class SavedFallback:
@@ -40,7 +50,8 @@ class SavedFallback:
 
     def _saved_words(self) -> str:
         summary = self._saved_summary()
-        words = [fmt.format(summary[key]) for key, fmt in _FIELDS if summary.get(key) not in (None, "")]
+        words = [fmt.format(summary[key]) for key, fmt in _FIELDS
+                 if isinstance(summary.get(key), (int, str)) and summary[key] != ""]  # Compare's "runs" is a list
         return " · ".join(words)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:

@@ -131,7 +131,7 @@ def default_title(panels: list[dict]) -> str:
         return "caravanserai export"
     if len(names) == 1:
         return f"Run {names[0]}"
-    shown = names[:3] if len(names) <= 4 else [*names[:3], f"{len(names) - 3} more"]
+    shown = names if len(names) <= 4 else [*names[:3], f"{len(names) - 3} more"]
     return f"Runs {', '.join(shown[:-1])} and {shown[-1]}"
 
 

@@ -9,6 +9,7 @@
 const ROW = 26; // px per row: fixed, so the list can be virtual
 const BUFFER = 40; // rows asked for beyond the visible ones
 const MAX_HEIGHT = 360; // px: taller runs scroll
+const HOLD_MS = 3000; // a row held in place while rows change (holdRow) lets go after this
 
 // ---- small helpers ------------------------------------------------------------------------------
 function h(tag, attrs = {}, ...children) {
@@ -113,8 +114,9 @@ class Shell {
     if (this.columnsEl) this.root.append(this.columnsEl);
     this.root.append(this.scroller, this.detailEl);
     el.append(this.root);
-    if (toolbar) toolbar(this.toolbarEl);
-    if (columns) columns(this.columnsEl);
+    this.listeners = []; // [event, fn] registered through listen(): removed when the view goes
+    if (toolbar) toolbar(this.toolbarEl, this);
+    if (columns) columns(this.columnsEl, this);
     this.pending = null;
     this.saved = false; // drawn from the notebook's saved widget state (savedPicture)
     this.hold = null; // [row, px from the top]: a row the reader acted on, kept in place while rows change
@@ -193,15 +195,27 @@ class Shell {
     this.detailEl.style.display = Object.keys(detail).length ? "block" : "none";
   }
 
+  listen(event, fn) {
+    this.model.on(event, fn);
+    this.listeners.push([event, fn]);
+  }
+
+  unlisten() {
+    for (const [event, fn] of this.listeners) this.model.off(event, fn);
+    this.listeners = [];
+  }
+
   // Keep row ``index`` where the reader sees it while the rows change under it (a fold flipped, a
   // shared run of steps unfolded): restored by keepHeld() when the new rows arrive.
   holdRow(index) {
     const at = index ?? this.visibleRange()[0];
     this.hold = [at, at * ROW - this.scroller.scrollTop];
+    this.holdUntil = Date.now() + HOLD_MS;
     this.following = false;
   }
 
   keepHeld() {
+    if (this.hold && Date.now() > this.holdUntil) this.hold = null; // the change it waited for never came
     if (!this.hold) return false;
     const [index, offset] = this.hold;
     this.scroller.scrollTop = Math.max(0, index * ROW - offset);
@@ -226,7 +240,10 @@ const SAVED_HINT = "a picture saved with the notebook: no kernel holds this pane
 
 // "live" while a kernel polls the panel; "saved" for a view drawn from the notebook's saved widget
 // state; nothing in an error state (a live badge beside an error reads as "all is well")
+const GONE_HINT = "the kernel that held this panel is gone (restarted or shut down): run its cell again to open it live";
+
 function statusBadge(model, saved, error) {
+  if (saved === "gone") return h("span", { class: "cvs-badge cvs-saved", text: "not live", title: GONE_HINT });
   if (saved) return h("span", { class: "cvs-badge cvs-saved", text: "saved", title: SAVED_HINT });
   if (error || !model.get("live")) return null;
   return badge("live", "live");
@@ -268,8 +285,8 @@ function timelineHeader(model) {
     s.status ? badge(s.status, s.status) : null,
     h("span", { class: "cvs-stat", text: `${s.attempts ?? 0} attempt(s)` }),
     h("span", { class: "cvs-stat", text: `${fmtInt(s.waypoints ?? 0)} waypoint(s)` }),
-    h("span", { class: "cvs-stat", text: s.calls ? `${fmtInt(s.calls)} call(s), ${fmtInt(s.tokens ?? 0)} tokens` : "no calls" }),
-    s.calls ? h("span", { class: "cvs-stat", text: `${fmtUsd(s.usd, true)}${s.unpriced ? " + unpriced" : ""} (inferred)` }) : null,
+    h("span", { class: "cvs-stat", text: s.calls ? `${s.calls_text || `${fmtInt(s.calls)} calls`}, ${fmtInt(s.tokens ?? 0)} tokens` : "no calls" }),
+    s.calls ? h("span", { class: "cvs-stat", text: `${s.usd_text ?? fmtUsd(s.usd, true)} (inferred)` }) : null,
   ];
   if (s.replayed) parts.push(h("span", { class: "cvs-stat", text: `${fmtInt(s.replayed)} replayed free` }));
   if (s.steps) parts.push(h("span", { class: "cvs-stat", text: `${fmtInt(s.steps_done ?? 0)}/${fmtInt(s.steps)} agent steps done` }));
@@ -390,7 +407,7 @@ function mountJournal(model, el) {
         h("span", { class: "cvs-stat", text: `${fmtInt((m.get("selected_seqs") || []).length)} selected` })];
     },
     renderRow: journalRow,
-    columns: (bar) => {
+    columns: (bar, shell) => {
       const draw = () => {
         const [sorted, ascending] = model.get("sort") || ["seq", true];
         bar.replaceChildren(...JOURNAL_COLUMNS.map(([key, label]) => h("span", {
@@ -405,7 +422,7 @@ function mountJournal(model, el) {
         })));
       };
       draw();
-      model.on("change:sort", draw);
+      shell.listen("change:sort", draw);
     },
     toolbar: (bar) => {
       const filters = () => model.get("filters") || {};
@@ -457,12 +474,12 @@ function mountRuns(model, el) {
     },
     renderRow: runsRow,
     columns: (bar) => RUN_COLUMNS.forEach(([key, label]) => bar.append(h("span", { class: `cvs-cell cvs-col-${key}`, text: label }))),
-    toolbar: (bar) => {
+    toolbar: (bar, shell) => {
       const button = h("button", { class: "cvs-button cvs-chart-button", title: "attempts and cost per run listed",
         onclick: () => model.send({ action: "chart" }) });
       const label = () => { button.textContent = model.get("chart") ? "▾ hide chart" : "▸ chart"; };
       label();
-      model.on("change:chart", label);
+      shell.listen("change:chart", label);
       bar.append(button, h("span", { class: "cvs-stat", text: "click a run to open its timeline below" }));
     },
   });
@@ -474,9 +491,8 @@ function mountRuns(model, el) {
     chart.style.display = model.get("chart") ? "block" : "none";
   };
   drawChart();
-  model.on("change:chart", drawChart);
-  const unwire = wire(model, shell, (detail) => [h("div", { class: "cvs-block-title", text: detail.title || "" })]);
-  return () => { unwire(); model.off("change:chart", drawChart); };
+  shell.listen("change:chart", drawChart);
+  return wire(model, shell, (detail) => [h("div", { class: "cvs-block-title", text: detail.title || "" })]);
 }
 
 // ---- Compare ------------------------------------------------------------------------------------
@@ -571,17 +587,17 @@ function mountCompare(model, el) {
   const shell = new Shell(model, el, {
     header: compareHeader,
     renderRow: compareRow,
-    columns: (bar) => {
+    columns: (bar, shell) => {
       const draw = () => bar.replaceChildren(h("span", { class: "cvs-cmp-step", text: "step" }),
         ...runs().map((run, i) => h("span", { class: "cvs-cmp-cell", text: i === 0 ? `${run} (baseline)` : run })));
       draw();
-      model.on("change:summary", draw);
+      shell.listen("change:summary", draw);
     },
-    toolbar: (bar) => {
+    toolbar: (bar, shell) => {
       const check = (name, label) => {
         const box = h("label", { class: "cvs-check" }, h("input", { type: "checkbox", onchange: (e) => { shell.holdRow(); model.set(name, e.target.checked); model.save_changes(); } }), ` ${label}`);
         box.querySelector("input").checked = model.get(name);
-        model.on(`change:${name}`, () => { box.querySelector("input").checked = model.get(name); });
+        shell.listen(`change:${name}`, () => { box.querySelector("input").checked = model.get(name); });
         return box;
       };
       bar.append(check("only_diff", "differences only"), check("fold", "fold shared steps"),
@@ -798,23 +814,26 @@ function wire(model, shell, renderDetail) {
     if (shell.keepHeld()) shell.draw();
     else if (follow) shell.scrollToEnd();
   };
+  // a kernel restart or shutdown later: the panel stops claiming to be live
+  const onComm = () => savedPicture(model).then((gone) => { if (gone && !shell.saved) { shell.saved = "gone"; shell.drawHeader(); } });
   const handlers = [
     ["change:rows", redraw], ["change:row_start", redraw], ["change:total", onTotal],
     ["change:summary", () => shell.drawHeader()], ["change:error", () => shell.drawHeader()], ["change:live", () => shell.drawHeader()],
     ["change:selected_seqs", () => shell.drawHeader()],
     ["change:detail", () => shell.drawDetail(renderDetail)], ["change:cursor", () => shell.draw()],
+    ["comm_live_update", () => onComm()],
   ];
   for (const [event, fn] of handlers) model.on(event, fn);
   shell.drawHeader();
   shell.drawDetail(renderDetail);
-  savedPicture(model).then((saved) => { if (saved) { shell.saved = true; shell.drawHeader(); } });
+  savedPicture(model).then((saved) => { if (saved) { shell.saved = "saved"; shell.drawHeader(); } });
   requestAnimationFrame(() => {
     if (model.get("start_at_end")) shell.scrollToEnd();
     shell.draw();
     shell.following = shell.atEnd();
     shell.root.dataset.painted = "1";
   });
-  return () => { for (const [event, fn] of handlers) model.off(event, fn); };
+  return () => { for (const [event, fn] of handlers) model.off(event, fn); shell.unlisten(); };
 }
 
 const PANELS = { timeline: mountTimeline, journal: mountJournal, runs: mountRuns, compare: mountCompare, lineage: mountLineage, fork: mountFork };
