@@ -412,3 +412,22 @@ def test_runs_lists_a_shared_stores_runs_and_opens_their_timelines(project, shar
         assert notes == [f"teammate-b step {i}" for i in range(3)]
     finally:
         panel.close()
+
+
+def test_a_saved_fallback_names_the_store_without_its_secrets(project):
+    """What a notebook keeps beside a panel (``text/plain``, ``text/html``) goes to GitHub with the file: a
+    password, token or key in the store URL is redacted there; a Store object is named by its URL."""
+    from caravanserai.widgets import Compare, DashboardLink, Runs
+
+    caravanserai.checkpoint("kept", {"x": 1}, "one")
+    shown = []
+    for panel in (Runs("postgresql://alice:hunter2@127.0.0.1:9/db", live=False),
+                  DashboardLink("kept", "s3://bucket/p?secret_access_key=hunter2&region=x"),
+                  Compare(["kept", "kept"], store=caravanserai.open_store(), live=False)):
+        bundle = panel._repr_mimebundle_()
+        bundle = bundle[0] if isinstance(bundle, tuple) else bundle
+        shown.append(bundle["text/plain"] + bundle["text/html"])
+        panel.close()
+    assert all("hunter2" not in text for text in shown), shown
+    assert "alice:***@" in shown[0] and "secret_access_key=***" in shown[1]
+    assert "Compare('kept', 'kept', store='file://" in shown[2]  # the names it resolved, the store's URL
