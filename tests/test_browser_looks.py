@@ -138,10 +138,10 @@ def test_every_panel_light_dark_and_narrow(tmp_path):
 
 
 def check_money_as_python_writes_it(page) -> None:
-    """panels.js's dollars() (headers, deltas) writes every figure as ``calls.pricing.usd_text`` does."""
+    """shell.js's dollars() (headers, deltas) writes every figure as ``calls.pricing.usd_text`` does."""
     from caravanserai.calls.pricing import usd_text
 
-    source = (REPO / "widgets" / "static" / "panels.js").read_text()
+    source = (REPO / "widgets" / "static" / "shell.js").read_text()
     function = source[source.index("function dollars("):]
     function = function[:function.index("\n}\n") + 2]
     values = [0, 1e-9, 0.000123, 0.00042, 0.0015, 0.015, 0.1, 0.9996, 0.99999, 1, 12.345, 1234.5]

@@ -23,6 +23,7 @@ import anywidget
 import traitlets
 
 from caravanserai.errors import UsageError
+from caravanserai.panels.export import panels_module
 from caravanserai.panels.source import Source, one_line
 
 from .saved import SavedFallback
@@ -36,7 +37,7 @@ STALE_SECONDS = 150.0  # no word from any view for this long (a closed tab): sto
 class Panel(SavedFallback, anywidget.AnyWidget):
     """Shared traits and windowing; subclasses give the rows and the detail of a clicked row."""
 
-    _esm = STATIC / "panels.js"
+    _esm = panels_module(STATIC)  # shell.js + panels.js, one module
     _css = STATIC / "panels.css"
 
     panel = traitlets.Unicode("").tag(sync=True)
@@ -54,7 +55,7 @@ class Panel(SavedFallback, anywidget.AnyWidget):
     start_at_end = traitlets.Bool(False).tag(sync=True)
     jump = traitlets.Int(-1).tag(sync=True)  # a row to scroll to and select on first paint
     # this widget's model id: the browser asks its widget manager whether that model still has a
-    # kernel behind it (a view drawn from state saved with the notebook has none: panels.js)
+    # kernel behind it (a view drawn from state saved with the notebook has none: shell.js)
     self_id = traitlets.Unicode("").tag(sync=True)
 
     def __init__(self, source: Source | None = None, **kwargs: Any) -> None:

@@ -43,6 +43,15 @@ def static_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "static"
 
 
+MODULE_PARTS = ("shell.js", "panels.js")  # the panels' one ES module, in two files by responsibility
+
+
+def panels_module(folder: Path | None = None) -> str:
+    """The panels' JavaScript module (what a widget loads and an export inlines): its parts joined in order."""
+    folder = folder or static_dir()
+    return "\n".join((folder / part).read_text(encoding="utf-8") for part in MODULE_PARTS)
+
+
 def source_data(source: Source) -> dict[str, Any]:
     """A polled source's rows and details for every combination of its switches (each row stored once)."""
     names = list(source.options)
@@ -90,7 +99,7 @@ def render_html(sources: list[Source], title: str | None = None, headings: list[
     for i, panel in enumerate(panels):
         panel["heading"] = headings[i] if headings else _heading(sources[i], panel)
         panel["anchor"] = f"cvs-section-{i}"
-    payload = {"js": (folder / "panels.js").read_text(encoding="utf-8"), "panels": panels}
+    payload = {"js": panels_module(folder), "panels": panels}
     data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"), default=repr).replace("<", "\\u003c")
     title = title or default_title(panels)
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

@@ -1,6 +1,6 @@
 // caravanserai offline export: mounts the panels of an exported HTML file with no kernel.
 //
-// The page embeds the panels' own module (panels.js, as text) and the rows and details of every
+// The page embeds the panels' own module (shell.js + panels.js joined, as text) and the rows and details of every
 // panel for each setting of its switches. StaticModel plays the part of the anywidget model:
 // get/set/on/off/save_changes/send, answering window requests from the embedded rows.
 
