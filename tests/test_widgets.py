@@ -431,3 +431,24 @@ def test_a_saved_fallback_names_the_store_without_its_secrets(project):
     assert all("hunter2" not in text for text in shown), shown
     assert "alice:***@" in shown[0] and "secret_access_key=***" in shown[1]
     assert "Compare('kept', 'kept', store='file://" in shown[2]  # the names it resolved, the store's URL
+
+
+def test_the_runs_chart_is_redrawn_only_when_what_it_plots_changes(project, monkeypatch):
+    """A live store's new waypoints change the rows, not attempts or cost: the chart's SVG is not redrawn
+    (matplotlib in the kernel every poll); a new run is."""
+    import caravanserai.widgets.runs as runs_module
+
+    caravanserai.checkpoint("plotted", {"x": 1}, "one")
+    panel = Runs(live=False)
+    drawn: list[int] = []
+    real = runs_module.runs_chart
+    monkeypatch.setattr(runs_module, "runs_chart", lambda *a, **k: drawn.append(1) or real(*a, **k))
+    try:
+        panel.show_chart()
+        assert panel.list.chart and len(drawn) == 1
+        caravanserai.checkpoint("plotted", {"x": 2}, "two")  # same run, same attempts, same cost
+        assert panel.list.tick() and len(drawn) == 1
+        caravanserai.checkpoint("another", {"x": 1}, "one")  # a new bar
+        assert panel.list.tick() and len(drawn) == 2 and "another" in panel.list.chart
+    finally:
+        panel.close()

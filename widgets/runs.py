@@ -23,6 +23,11 @@ from .timeline import Timeline
 RUNS_POLL_SECONDS = 1.0
 
 
+def _plotted(rows: list[dict]) -> tuple:
+    """The figures ``runs_chart`` draws from the rows: the chart is redrawn only when these change."""
+    return tuple((r.get("run_id"), r.get("attempts"), r.get("usd"), r.get("unpriced")) for r in rows)
+
+
 class RunsList(Panel):
     """The list part of ``Runs``: one row per run of ``store``; ``chart`` is the drawn chart (SVG), or empty."""
 
@@ -37,6 +42,7 @@ class RunsList(Panel):
         self._all: list[dict] = []
         self.summary = {"store": store if isinstance(store, str) else getattr(store, "url", "the default store")}
         self.on_open: Any = None
+        self._plotted: tuple | None = None  # what the chart shows (a live store's new waypoints redraw nothing)
         if not self.tick():
             self.send_window()
         if live:
@@ -69,10 +75,10 @@ class RunsList(Panel):
         changed = bool(changed_ids or gone)
         if changed:
             self._all = sorted(self._rows_by_id.values(), key=lambda r: r.get("updated_at") or "", reverse=True)
-            if self.chart:  # redrawn with the rows; a chart that cannot be drawn must not stop the list
+            if self.chart and self._plotted != _plotted(self._all):  # only when what it plots changed
                 try:
                     self.draw_chart()
-                except Exception as exc:
+                except Exception as exc:  # a chart that cannot be drawn must not stop the list
                     self.chart = ""
                     self.show_error(exc)
         self.show_error(None, reading=True)
@@ -80,6 +86,7 @@ class RunsList(Panel):
 
     def draw_chart(self, show: bool = True) -> None:
         """Draw (or, with ``show=False``, remove) the attempts and cost per run listed now."""
+        self._plotted = _plotted(self._all) if show else None
         self.chart = themed_svg(runs_chart(self.store, rows=self._all)) if show else ""
 
     def on_chart(self, _content: dict) -> None:
