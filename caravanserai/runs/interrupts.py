@@ -13,35 +13,37 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from types import TracebackType
 from typing import Any
 
 __all__ = ["interrupts_deferred"]
 
+_MAIN = threading.main_thread().ident
 
-@contextmanager
-def interrupts_deferred() -> Iterator[None]:
-    """Run the block with SIGINT noted, not raised; deliver it to the previous handler afterwards."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGINT)
-    if not callable(previous):  # SIG_IGN (nothing to defer), SIG_DFL (the process ends: as a kill -9), None
-        yield
-        return
-    caught: list[tuple[int, Any]] = []
 
-    def note(signum: int, frame: Any) -> None:
-        caught.append((signum, frame))
-        signal.signal(signal.SIGINT, previous)  # a second Ctrl-C (a store I/O that hangs) interrupts at once
+class interrupts_deferred:  # noqa: N801 - used as a context manager, like contextlib's
+    """``with interrupts_deferred():`` runs the block with SIGINT noted, not raised, and delivers it to the
+    previous handler afterwards (a class, not a generator: it is on the path of every journal append)."""
 
-    signal.signal(signal.SIGINT, note)
-    try:
-        yield
-    except BaseException:
-        signal.signal(signal.SIGINT, previous)
-        raise
-    signal.signal(signal.SIGINT, previous)
-    if caught:
-        previous(*caught[0])
+    __slots__ = ("caught", "previous")
+
+    def __enter__(self) -> interrupts_deferred:
+        self.caught: tuple[int, Any] | None = None
+        self.previous: Any = None
+        if threading.get_ident() == _MAIN:  # signal handlers run only there
+            self.previous = signal.signal(signal.SIGINT, self._note)
+        return self
+
+    def _note(self, signum: int, frame: Any) -> None:
+        self.caught = (signum, frame)
+        signal.signal(signal.SIGINT, self.previous)  # a second Ctrl-C (a store I/O that hangs) interrupts at once
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        if self.previous is None:
+            return
+        signal.signal(signal.SIGINT, self.previous)
+        if self.caught is not None and kind is None:
+            if callable(self.previous):
+                self.previous(*self.caught)
+            elif self.previous == signal.SIG_DFL:  # no Python handler: the default action, now
+                signal.raise_signal(signal.SIGINT)
