@@ -92,8 +92,8 @@ from .runs.lifecycle import current_run, durable
 from .runs.openai_client import durable_client
 from .runs.run import Run, Waypoint
 from .runs.settle import settle
-from .runs.snapshots import trust_store
 from .runs.summary import input_is_replayable, run_summary
+from .runs.trust import trust_store
 from .runs.values import allow_class
 from .runs.view import RunView, inspect_run
 from .stores import (

@@ -20,13 +20,14 @@ from typing import Any, NoReturn, cast
 from ._version import __version__
 from .cli_checkpoints import add_checkpoint_commands
 from .cli_proxy import add_proxy_command
+from .cli_trust import add_trust_commands, signature_report
 from .errors import CaravanseraiError, ResumeError, ResumeNotConfirmed, RunNotFound, UsageError
 from .events import Segments
 from .runs.api import clean, readable_run_id
 from .runs.index import age_seconds, check_index, list_runs
 from .runs.lifecycle import require_events
 from .runs.settle import settle
-from .runs.snapshots import TRUST_ENV, store_trusted
+from .runs.trust import judge, launch_payload, resigned
 from .runs.view import AttemptView, RunView, gc_paused, inspect_run
 from .stores import ENV_VAR, open_store
 
@@ -235,35 +236,27 @@ def cmd_resume(args: argparse.Namespace) -> int:
         from .cli_checkpoints import resume_log_run
 
         return resume_log_run(run_id, store)
-    segments = Segments()
-    launches = [e for e in events if segments.feed(e) == "attempt" and (e.get("orig_argv") or e.get("command"))]
-    if "cell_source" in segments.identity:  # a notebook cell's run: its kernel's command would not run the cell
+    if "cell_source" in Segments.of(events).identity:  # a notebook cell's run: its kernel's command would not run the cell
         raise ResumeError(f"run {run_id!r} is a notebook cell's run: continue it by running its cell as "
                           f"`%%resumable {run_id}` (edited or not, if it is a fork that has not run yet)", run_id=run_id)
-    if not launches and segments.parent is not None:  # a fork never run: the parent's launch, pointed at the fork
-        launches = _fork_launch(run_id, segments.parent, events, store)
-    if not launches:
-        raise ResumeError(
-            f"run {run_id!r} has no recorded command (written by {events[0].get('imported_from') or 'an old version'}); "
-            "re-run the script that created it",
-            run_id=run_id,
-        )
-    started = launches[0]  # the first recorded launch (a 0.1.x run gets one when we first write it)
-    command = cast("list[str]", started.get("orig_argv") or started.get("command"))  # launches all have one
-    cwd = started.get("cwd")
+    source, source_events, launch = _launch(run_id, events, store)
+    command = cast("list[str]", launch.get("orig_argv") or launch.get("command"))  # a launch has one
+    cwd = launch.get("cwd")
+    where = f" (in {cwd})" if cwd else ""
+    verdict = judge("command", "launch", launch_payload(launch), launch.get("launch_signed"), run_id=source,
+                    store_url=store.url, resigned_items=resigned(source_events))  # SignatureInvalid: refused, even with --yes
+    if source != run_id:  # a fork never run: the parent's launch, pointed at the fork
+        command = [command[0], *(run_id if word == source else word for word in command[1:])]
+    if not args.yes and not verdict.trusted:
+        # the command is data read from the store: a forged journal would choose what runs here
+        print(f"the journal asks to run: {shlex.join(command)}{where}", flush=True)
+        raise ResumeNotConfirmed(f"{verdict.refusal(source, 'command', 'launch', store.url)}; check the command above, "
+                                 "then run again with --yes; nothing was run", run_id=run_id, store=store.url, command=command)
     if cwd is not None and not os.path.isdir(cwd):
         raise ResumeError(f"run {run_id!r} was launched in {cwd!r}, which no longer exists; re-run it by hand", run_id=run_id)
     env = dict(os.environ)
     if args.store is not None or ENV_VAR in os.environ:
-        env[ENV_VAR] = store.url  # the child must find this same store
-    where = f" (in {cwd})" if cwd else ""
-    if not args.yes and not _store_trusted(store, run_id):
-        # the command is data read from a store others can write: a forged journal would choose what runs here
-        print(f"the journal asks to run: {shlex.join(command)}{where}", flush=True)
-        raise ResumeNotConfirmed(
-            f"run {run_id!r} is in {store.url}, a store that is not private to you nor trusted, so its journal chose "
-            f"the command above; check it, then run again with --yes (or list the store in {TRUST_ENV}); nothing was run",
-            run_id=run_id, store=store.url, command=command)
+        env[ENV_VAR] = store.opened_url or store.url  # the child must find this same store, signed if it is
     print(f"resuming: {shlex.join(command)}{where}", flush=True)
     try:
         return subprocess.call(command, cwd=cwd, env=env)
@@ -274,27 +267,32 @@ def cmd_resume(args: argparse.Namespace) -> int:
         ) from None
 
 
-def _fork_launch(run_id: str, parent: str, events: Sequence[dict], store: Any) -> list[dict]:
-    """A fork that never ran resumes by the command that launched its parent, with the parent's run id
-    argument replaced by the fork's; when the parent's command does not name its run id (or it was a
-    notebook cell), ResumeError says how to continue the fork instead. A fork command never runs."""
-    parent_events = require_events(parent, store)
+def _first_launch(events: Sequence[dict]) -> dict | None:
+    """The first attempt event that records its command (a 0.1.x run gets one when we first write it)."""
     segments = Segments()
-    launch = next((e for e in parent_events if segments.feed(e) == "attempt" and (e.get("orig_argv") or e.get("command"))),
-                  None)
+    return next((e for e in events if segments.feed(e) == "attempt" and (e.get("orig_argv") or e.get("command"))), None)
+
+
+def _launch(run_id: str, events: Sequence[dict], store: Any) -> tuple[str, Sequence[dict], dict]:
+    """(the run whose launch it is, that run's events, the launch event). A fork never run resumes by
+    its parent's command with the parent's run id argument replaced by the fork's; ResumeError when
+    there is none, or the parent's command does not name its run id."""
+    launch = _first_launch(events)
+    if launch is not None:
+        return run_id, events, launch
+    parent = Segments.of(events).parent
+    if parent is None:
+        raise ResumeError(
+            f"run {run_id!r} has no recorded command (written by {events[0].get('imported_from') or 'an old version'}); "
+            "re-run the script that created it", run_id=run_id)
+    parent_events = require_events(parent, store)
+    launch = _first_launch(parent_events)
     command = launch and (launch.get("orig_argv") or launch.get("command"))
     if launch is None or not isinstance(command, list) or parent not in command[1:]:
         raise ResumeError(f"run {run_id!r} is a fork of {parent!r}, whose command does not take its run id as an "
                           f"argument; continue it from Python with caravanserai.durable({run_id!r}) around the same code",
                           run_id=run_id)
-    pointed = [command[0], *(run_id if word == parent else word for word in command[1:])]
-    return [{**launch, "orig_argv": pointed, "command": pointed}]
-
-
-def _store_trusted(store: Any, run_id: str) -> bool:
-    """The rule pickle follows, or a local run whose files no one but this user can have written
-    (a 0.2.0 directory made with umask 022)."""
-    return store_trusted(store) or bool(store.run_written_only_by_user(run_id))
+    return parent, parent_events, launch
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -318,7 +316,8 @@ def cmd_store_init(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    """Check every journal line's chain and every journaled figure; exit 1 if any run is damaged."""
+    """Check every journal line's chain and every journaled figure, and report who signed what could run
+    (a signature that does not verify is damage); exit 1 if any run is damaged."""
     from .errors import JournalCorruptionError
 
     store = open_store(args.store)
@@ -332,6 +331,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
             note = (f" (a torn last line of {torn} bytes was dropped: a writer was killed mid-append; the next writer "
                     "removes it)") if torn else ""
             print(f"{run_id}\tok\t{len(events)} events{note}")
+            report, refused = signature_report(run_id, events, store, store.load(run_id))
+            for line in report:
+                print(line)
+            damaged += bool(refused)
         except JournalCorruptionError as exc:
             damaged += 1
             print(f"{run_id}	DAMAGED	{exc.message}")
@@ -394,6 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_settle)
     add_checkpoint_commands(sub, common)
     add_proxy_command(sub, common)
+    add_trust_commands(sub, common)
     p = sub.add_parser("verify", parents=[common], help="check journals' integrity (hash chain, journaled figures)")
     p.add_argument("run_ids", nargs="*", metavar="RUN", help="runs to check (default: every run)")
     p.set_defaults(func=cmd_verify)

@@ -47,8 +47,12 @@ The tree (codes in parentheses)::
     │   ├── NoSuchWaypoint                 (no_such_waypoint)       fork(at=N): the run has no waypoint N
     │   └── RunExists                      (run_exists)             fork into a run id that is taken
     ├── ValueRestoreError                  (value_restore_error)    a saved notebook value that must not be loaded
-    │   ├── UntrustedPickle                (untrusted_pickle)       pickle from a store not yours nor trusted
+    │   ├── UntrustedPickle                (untrusted_pickle)       pickle not signed by a key you trust
     │   └── ClassNotAllowed                (class_not_allowed)      a class neither defined here nor allowed
+    ├── TrustError                         (trust_error)            signing keys and the signatures on what could run
+    │   ├── KeyFileInvalid                 (key_file_invalid)       your signing key cannot be made, read or is readable by others
+    │   ├── PublicKeyInvalid               (public_key_invalid)     not an ``ed25519:…`` public key (also a UsageError)
+    │   └── SignatureInvalid               (signature_invalid)      a signature that does not verify: refused always
     ├── CallError                          (call_error)             a journaled model or tool call
     │   ├── ModelError                     (model_error)            the model server failed (unreachable, status, body)
     │   ├── ModelNotConfigured             (model_not_configured)   auto() found no model in the environment
@@ -114,6 +118,7 @@ __all__ = [
     "InvalidStoreUrl",
     "ItemsChanged",
     "JournalCorruptionError",
+    "KeyFileInvalid",
     "LeaseLost",
     "LeaseTtlInvalid",
     "MaxTurnsExceeded",
@@ -130,6 +135,7 @@ __all__ = [
     "ObjectLeaseTtlInvalid",
     "ObjectNotFound",
     "ObjectPreconditionFailed",
+    "PublicKeyInvalid",
     "ResumeError",
     "ResumeNotConfirmed",
     "RunClosed",
@@ -140,6 +146,7 @@ __all__ = [
     "SequenceMismatch",
     "SerializationError",
     "SessionMismatch",
+    "SignatureInvalid",
     "StoreError",
     "StoreFull",
     "StoreRequestRejected",
@@ -147,6 +154,7 @@ __all__ = [
     "StoreUnavailable",
     "ToolEffectUncertain",
     "ToolFailed",
+    "TrustError",
     "UndigestableValue",
     "UnknownNode",
     "Unencodable",
@@ -426,8 +434,8 @@ class ResumeError(RunError):
 
 
 class ResumeNotConfirmed(ResumeError):
-    """``caravanserai resume`` from a store that is neither private to this user nor trusted: the
-    command it would run was read from that store, so it is printed and needs ``--yes``."""
+    """``caravanserai resume`` of a run whose recorded command is not signed by a key you trust (nor
+    is its store trusted): the command was read from the store, so it is printed and needs ``--yes``."""
 
     code = "resume_not_confirmed"
 
@@ -458,6 +466,25 @@ class UntrustedPickle(ValueRestoreError):
 
 class ClassNotAllowed(ValueRestoreError):
     code = "class_not_allowed"
+
+
+class TrustError(CaravanseraiError):
+    code = "trust_error"
+
+
+class KeyFileInvalid(TrustError):
+    code = "key_file_invalid"
+
+
+class PublicKeyInvalid(TrustError, UsageError):
+    code = "public_key_invalid"
+
+
+class SignatureInvalid(TrustError):
+    """A signature present on a pickled value, a launch command or an output bundle that does not verify
+    (altered, swapped, or moved): refused whatever the store's trust. Fields ``run_id``, ``item``, ``key``."""
+
+    code = "signature_invalid"
 
 
 class CallError(CaravanseraiError):

@@ -63,6 +63,14 @@ class Segments:
         self.started_at: str | None = None
         self.restarted = False
 
+    @classmethod
+    def of(cls, events: Iterable[dict]) -> Segments:
+        """The bookkeeping after every one of ``events``."""
+        segments = cls()
+        for event in events:
+            segments.feed(event)
+        return segments
+
     def feed(self, event: dict) -> str | None:
         """Take one event; returns ``"attempt"`` when it starts an attempt of this run, ``"copy"`` when
         it starts a fork's copied prefix, ``"forked"`` when it ends that prefix, else None."""

@@ -30,7 +30,7 @@ from .errors import JournalCorruptionError, SerializationError, UndigestableValu
 
 FORMAT_VERSION = 1
 RESERVED_FIELDS = ("v", "seq", "at", "type", "prev")
-_RESERVED = frozenset(RESERVED_FIELDS)
+_RESERVED = frozenset((*RESERVED_FIELDS, "sig"))  # "sig": a signed journal's line signature, made per line
 
 
 _SECOND: tuple[int, str] = (-1, "")  # (POSIX second, its "YYYY-MM-DDTHH:MM:SS"): formatted once a second
@@ -177,30 +177,35 @@ class Tail:
     prev: str | None = None
 
 
-def encode(events: Iterable[Mapping[str, Any]], tail: Tail, *, at: str | None = None) -> tuple[list[str], list[dict], Tail]:
+Signer = Callable[[bytes], str]
+
+
+def encode(events: Iterable[Mapping[str, Any]], tail: Tail, *, at: str | None = None,
+           sign: Signer | None = None) -> tuple[list[str], list[dict], Tail]:
     """Number, timestamp and chain ``events`` after ``tail``; return (lines, full events, new tail).
 
     Full events keep ``RawJSON`` values as given (``plain()`` unwraps them), so a consumer that
     wants the encoded text (the state.json view of a large state) need not encode again.
 
     ``tail`` is not modified: the caller adopts the new tail only once the store acknowledged
-    the append, so a failed append leaves the writer where it was.
+    the append, so a failed append leaves the writer where it was. ``sign`` (a signed journal, see
+    ``signing.line_signer``) adds ``"sig"`` as each line's last field, over the line before it.
     """
-    lines, full, _, new_tail = _encode_events(events, tail, at, None)
+    lines, full, _, new_tail = _encode_events(events, tail, at, None, sign)
     return lines, full, new_tail
 
 
-def encode_stored(events: Iterable[Mapping[str, Any]], tail: Tail, *,
-                  at: str | None = None) -> tuple[list[str], list[dict], list[dict], Tail]:
+def encode_stored(events: Iterable[Mapping[str, Any]], tail: Tail, *, at: str | None = None,
+                  sign: Signer | None = None) -> tuple[list[str], list[dict], list[dict], Tail]:
     """``encode``, plus the events as a reader decodes them (``plain`` of each full event), made in
     the same pass: a writer's append needs both."""
     stored: list[dict] = []
-    lines, full, _, new_tail = _encode_events(events, tail, at, stored)
+    lines, full, _, new_tail = _encode_events(events, tail, at, stored, sign)
     return lines, full, stored, new_tail
 
 
-def _encode_events(events: Iterable[Mapping[str, Any]], tail: Tail, at: str | None,
-                   stored: list[dict] | None) -> tuple[list[str], list[dict], list[dict] | None, Tail]:
+def _encode_events(events: Iterable[Mapping[str, Any]], tail: Tail, at: str | None, stored: list[dict] | None,
+                   sign: Signer | None = None) -> tuple[list[str], list[dict], list[dict] | None, Tail]:
     seq, prev = tail.seq, tail.prev
     lines: list[str] = []
     full: list[dict] = []
@@ -248,6 +253,9 @@ def _encode_events(events: Iterable[Mapping[str, Any]], tail: Tail, at: str | No
             line = ",".join(parts) + "}"
         if not line.isascii():
             check_text(line, f"the {etype} event")
+        if sign is not None:
+            record["sig"] = sign(line.encode("utf-8"))
+            line = f'{line[:-1]},"sig":"{record["sig"]}"}}'
         lines.append(line)
         full.append(record)
         if stored is not None:

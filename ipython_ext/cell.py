@@ -23,10 +23,11 @@ from caravanserai.calls.ledger import calls_text
 from caravanserai.cli import ArgumentParser
 from caravanserai.errors import CellChanged
 from caravanserai.errors import UsageError as CaravanseraiUsageError
-from caravanserai.journal import digest
+from caravanserai.journal import canonical, digest
 from caravanserai.runs.fork import code_diff, fork
 from caravanserai.runs.lifecycle import RunScope
-from caravanserai.runs.snapshots import Snapshotter, store_trusted
+from caravanserai.runs.snapshots import Snapshotter
+from caravanserai.runs.trust import judge, resigned, sign_item
 from caravanserai.stores import open_store
 
 OUTPUT_LIMIT = 64 * 1024
@@ -103,14 +104,25 @@ class _Tee:
 INERT_FORMATS = ("text/plain", "image/png", "image/jpeg")
 
 
-def shown_bundle(bundle: Any, trusted: bool) -> dict | None:
-    """The recorded display bundle to re-show: every string format from a private or trusted store,
-    only ``INERT_FORMATS`` from any other."""
+def shown_bundle(recorded: dict, run: Any) -> dict | None:
+    """The recorded display bundle to re-show: every string format when its signature verifies against a
+    key the reader trusts (or the store is trusted), only ``INERT_FORMATS`` otherwise; SignatureInvalid
+    for a signature that does not verify (runs.trust)."""
+    bundle = recorded.get("display")
     if not isinstance(bundle, dict):
         return None
+    verdict = judge("display", "result", canonical(bundle).encode("utf-8"), recorded.get("display_signed"),
+                    run_id=run.run_id, store_url=run.store.url, resigned_items=resigned(run.opened_events))
     kept = {k: v for k, v in bundle.items() if isinstance(k, str) and isinstance(v, str)
-            and (trusted or k in INERT_FORMATS)}
+            and (verdict.trusted or k in INERT_FORMATS)}
     return kept or None
+
+
+def signed_bundle(bundle: dict | None) -> dict:
+    """A display bundle as the completed event records it, signed with this person's key."""
+    if bundle is None:
+        return {}
+    return {"display": bundle, "display_signed": sign_item("display", "result", canonical(bundle).encode("utf-8"))}
 
 
 class _Recorded:
@@ -147,7 +159,6 @@ class CellRun:
         self.strict = explicit
         self.assignments = {index: set(targets) for index, targets in assignments}
         self.execute = True
-        self.trusted_output = False
         self.result: Any = None
         self.stmt = 0
         self.resume_at: int | None = None
@@ -222,8 +233,7 @@ class CellRun:
         if self.args.restart and events:
             run.append({"type": "restarted", "definition_sha256": definition, "cell_source": self.source})
         self.snapshot = Snapshotter(self.namespace, self.names, objects=store.objects, run_id=run.run_id,
-                                    store_url=store.url, strict=self.strict, trusted_store=store.private_to_user())
-        self.trusted_output = store_trusted(store)  # the pickle rule
+                                    store_url=store.url, strict=self.strict, resigned=resigned(events))
         saved = run.notebook.saved
         if saved.get("values"):
             self.restored = set(self.snapshot.restore(saved["values"], self.deferred, definable=self.defined))
@@ -246,7 +256,7 @@ class CellRun:
                 result: dict[str, Any] = {"stdout": output}
                 if self.result is not None:
                     result["repr"] = repr(self.result)[:OUTPUT_LIMIT]
-                    result["display"] = self._bundle(self.result)
+                    result.update(signed_bundle(self._bundle(self.result)))
                 self.scope.result, self.scope.names = result, {"values": self._values(), "at": None}
             elif etype is None:
                 self.scope.complete = False  # completed earlier: re-show its output, record nothing
@@ -255,8 +265,7 @@ class CellRun:
                 if isinstance(recorded.get("stdout"), str) and recorded["stdout"]:
                     sys.stdout.write(recorded["stdout"])
                 if "repr" in recorded:
-                    self.result = _Recorded(str(recorded["repr"]),
-                                            shown_bundle(recorded.get("display"), self.trusted_output))
+                    self.result = _Recorded(str(recorded["repr"]), shown_bundle(recorded, run))
         finally:
             run.notebook.capture = None
             if self._on_commit in run.notebook.listeners:
@@ -372,8 +381,7 @@ class StatusLine:
         if snapshot.skipped:
             out.append("not saved: " + ", ".join(f"{name} ({kind})" for name, kind in snapshot.skipped.items()))
         if snapshot.pickled:
-            where = "" if snapshot.trusted_store else ": this store is not trusted for pickle, see %caravanserai trust"
-            out.append(f"pickled: {', '.join(snapshot.pickled)}{where}")
+            out.append(f"pickled: {', '.join(snapshot.pickled)} (signed with your key)")
         return out
 
     def update(self, *, force: bool = False, announce: bool = False) -> None:

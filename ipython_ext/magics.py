@@ -10,7 +10,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 
 from caravanserai import cli
 from caravanserai.errors import UsageError as CaravanseraiUsageError
-from caravanserai.runs.snapshots import trust_store
+from caravanserai.runs.trust import trust_store
 from caravanserai.stores import ENV_VAR, open_store
 
 from .cell import parser
@@ -23,8 +23,9 @@ class CaravanseraiMagics(Magics):
     def caravanserai(self, line: str) -> None:
         """%caravanserai list | show RUN [--all] | journal RUN | clean RUN | store [URL] | trust URL | --help
 
-        ``store URL`` sets the default store for this session; ``trust URL`` allows pickled
-        variables to be loaded from that store (pickle runs code: only for stores you control).
+        ``store URL`` sets the default store for this session; ``trust URL`` trusts that store in this
+        session: its unsigned pickled variables load, its outputs re-show in full (only for stores you
+        control). ``trust --key KEY`` trusts a colleague's signing key, as ``caravanserai trust`` does.
         Any other words are the ``caravanserai`` command line (``%caravanserai verify``...).
         """
         try:
@@ -38,14 +39,13 @@ class CaravanseraiMagics(Magics):
             if len(words) == 1:
                 print(open_store().url)
                 return
-            os.environ[ENV_VAR] = open_store(words[1]).url
+            os.environ[ENV_VAR] = open_store(words[1]).opened_url or open_store(words[1]).url
             print(f"default store for this session: {os.environ[ENV_VAR]}")
             return
-        if words[0] == "trust":
-            if len(words) != 2:
-                raise UsageError("usage: %caravanserai trust URL (a store you control: pickled values load from it)")
+        if words[0] == "trust" and len(words) == 2 and not words[1].startswith("-"):  # else: the CLI's trust --key/--store
             trust_store(open_store(words[1]).url)
-            print(f"pickled variables will be loaded from {open_store(words[1]).url}")
+            print(f"everything in {open_store(words[1]).url} is trusted in this session (pickled values, launch commands, "
+                  "outputs); caravanserai trust --store makes it lasting")
             return
         if words[0] == "show" and self._show_panels(words):
             return

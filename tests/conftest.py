@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
 from typing import NamedTuple
@@ -15,6 +16,10 @@ from typing import NamedTuple
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# One signing identity for the whole test session (every worker, child process and kernel inherits it),
+# not the developer's own key; tests of several people switch it with the `person` fixture.
+os.environ.setdefault("CARAVANSERAI_KEY_FILE",
+                      str(Path(tempfile.gettempdir()) / f"caravanserai-tests-{os.getuid()}" / "signing_key"))
 
 
 def need(condition: bool, reason: str, *, whole_module: bool = False) -> None:
@@ -49,6 +54,36 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("CARAVANSERAI_STORE", raising=False)
     return tmp_path
+
+
+class Person(NamedTuple):
+    """Someone with their own data directory and signing key (``use`` makes them the one acting)."""
+
+    name: str
+    home: Path
+    env: dict[str, str]
+
+
+@pytest.fixture
+def person(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """``person("alice")``: a Person of their own (the same OS user); ``person.use(p)`` acts as them in
+    this process (environment of caravanserai's key and trust files)."""
+    made: dict[str, Person] = {}
+
+    def make(name: str) -> Person:
+        if name not in made:
+            home = tmp_path / "people" / name
+            env = {"XDG_DATA_HOME": str(home), "CARAVANSERAI_KEY_FILE": str(home / "caravanserai" / "signing_key")}
+            made[name] = Person(name, home, env)
+        return made[name]
+
+    def use(who: Person) -> Person:
+        for key, value in who.env.items():
+            monkeypatch.setenv(key, value)
+        return who
+
+    make.use = use  # type: ignore[attr-defined]
+    return make
 
 
 @pytest.fixture

@@ -14,10 +14,10 @@ from conftest import has_module, need
 # the notebook layer is optional (the package imports without it): skip locally, fail under CI=true
 need(has_module("IPython"), "IPython is not installed (the [test] extra installs it with ipykernel)", whole_module=True)
 
-import caravanserai.namespace as namespace  # noqa: E402
 from IPython.testing.globalipapp import get_ipython  # noqa: E402
 from IPython.utils.capture import capture_output  # noqa: E402
 
+import caravanserai.runs.trust as trust  # noqa: E402
 from caravanserai import open_store  # noqa: E402
 from caravanserai.runs import read_events  # noqa: E402
 
@@ -51,10 +51,11 @@ def load_extension():
 
 
 def fresh_session(project: Path, monkeypatch: pytest.MonkeyPatch):
-    """A fresh project dir, no trusted stores, no signing key; the test's user_ns names removed after."""
-    for var in ("CARAVANSERAI_SIGNING_KEY", "CARAVANSERAI_TRUSTED_STORES"):
+    """A fresh project dir, no trusted stores or keys; the test's user_ns names removed after."""
+    for var in ("CARAVANSERAI_SIGNING_KEY", "CARAVANSERAI_TRUSTED_STORES", "CARAVANSERAI_TRUSTED_KEYS"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(namespace, "_TRUSTED", set())
+    monkeypatch.setenv("XDG_DATA_HOME", str(project / ".people"))  # no lasting trust from another test
+    monkeypatch.setattr(trust, "_TRUSTED", set())
     before = set(ip.user_ns)
     log: list = []
     ip.user_ns["log"] = log

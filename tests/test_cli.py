@@ -165,33 +165,45 @@ def test_resume_propagates_the_child_exit_code(project, child_env):
     assert cli("resume", "f", cwd=project, env=child_env, check_rc=7).returncode == 7
 
 
-def test_resume_from_a_store_not_private_prints_the_command_and_needs_yes(project, child_env):
-    """A shared store's journal names the command resume would run: without --yes nothing runs."""
+def test_resume_of_a_command_someone_else_signed_prints_it_and_needs_yes(project, child_env, tmp_path):
+    """A run written by another person (another key, the same OS user): the command its journal names
+    is printed and nothing runs without --yes, trust in the store or trust in their key."""
     url = caravanserai.open_store(f"sqlite:///{project / 'runs.db'}").url
     (project / "job.py").write_text(textwrap.dedent("""
         import pathlib, caravanserai
         pathlib.Path("marker").write_text("ran")
         caravanserai.checkpoint("shared", {"x": 1}, "one")
     """))
-    subprocess.run([sys.executable, "job.py"], cwd=project, env={**child_env, "CARAVANSERAI_STORE": url}, check=True)
+    colleague = {**child_env, "CARAVANSERAI_KEY_FILE": str(tmp_path / "colleague" / "key"),
+                 "XDG_DATA_HOME": str(tmp_path / "colleague")}
+    subprocess.run([sys.executable, "job.py"], cwd=project, env={**colleague, "CARAVANSERAI_STORE": url}, check=True)
     marker = project / "marker"
     marker.unlink()
     elsewhere = project / "elsewhere"
     elsewhere.mkdir()
-    refused = cli("resume", "shared", "--store", url, cwd=elsewhere, env=child_env, check_rc=1)
+    me = {**child_env, "XDG_DATA_HOME": str(tmp_path / "me")}
+    refused = cli("resume", "shared", "--store", url, cwd=elsewhere, env=me, check_rc=1)
     assert refused.stdout.startswith("the journal asks to run: ") and "job.py" in refused.stdout
     assert refused.stderr.count("\n") == 1 and "--yes" in refused.stderr and "nothing was run" in refused.stderr
-    assert "not private to you nor trusted" in refused.stderr and not marker.exists()
-    trusted = cli("resume", "shared", "--store", url, cwd=elsewhere, env={**child_env, "CARAVANSERAI_TRUSTED_STORES": url})
+    assert "a key you do not trust" in refused.stderr and "caravanserai trust --key ed25519:" in refused.stderr
+    assert not marker.exists()
+    trusted = cli("resume", "shared", "--store", url, cwd=elsewhere, env={**me, "CARAVANSERAI_TRUSTED_STORES": url})
     assert trusted.stdout.startswith("resuming: ") and marker.exists()
     marker.unlink()
-    confirmed = cli("resume", "shared", "--yes", "--store", url, cwd=elsewhere, env=child_env)
+    confirmed = cli("resume", "shared", "--yes", "--store", url, cwd=elsewhere, env=me)
     assert confirmed.stdout.startswith("resuming: ") and marker.exists()
+    marker.unlink()
+    key = cli("key", "--quiet", cwd=project, env=colleague).stdout.strip()
+    cli("trust", "--key", key, "--name", "colleague", cwd=project, env=me)
+    after = cli("resume", "shared", "--store", url, cwd=elsewhere, env=me)
+    assert after.stdout.startswith("resuming: ") and marker.exists()
 
 
-def test_resume_of_a_local_run_others_could_write_needs_yes(project, child_env):
-    """A local run (a 0.2.0 directory made with umask 022 included) resumes without asking only when
-    no one but this user can have written its files."""
+def test_resume_runs_its_authors_command_whatever_the_modes_and_never_a_tampered_one(project, child_env):
+    """Who owns the files plays no part: the author's signed command runs without asking in a store others
+    could write; a command changed after signing is refused, --yes or not."""
+    from durable_helpers import rewrite_journal
+
     (project / "job.py").write_text(textwrap.dedent("""
         import pathlib, caravanserai
         pathlib.Path("marker").write_text("ran")
@@ -199,14 +211,18 @@ def test_resume_of_a_local_run_others_could_write_needs_yes(project, child_env):
     """))
     subprocess.run([sys.executable, "job.py"], cwd=project, env=child_env, check=True)
     store = project / ".caravanserai"
-    store.chmod(0o755)  # readable by others, writable only by this user: not private, but only ours to write
+    (store / "mine").chmod(0o777)
     (project / "marker").unlink()
     assert cli("resume", "mine", cwd=project, env=child_env).stdout.startswith("resuming: ")
     assert (project / "marker").exists()
     (project / "marker").unlink()
-    (store / "mine").chmod(0o775)  # a group may write the run: its journal could choose the command
-    refused = cli("resume", "mine", cwd=project, env=child_env, check_rc=1)
-    assert "nothing was run" in refused.stderr and not (project / "marker").exists()
+    events = caravanserai.open_store(str(store)).events("mine")
+    events[0]["orig_argv"] = [sys.executable, "-c", "import pathlib; pathlib.Path('marker').write_text('forged')"]
+    rewrite_journal(store / "mine" / "journal.jsonl", events)
+    for extra in ((), ("--yes",)):
+        refused = cli("resume", "mine", *extra, cwd=project, env=child_env, check_rc=1)
+        assert "recorded launch command of run 'mine' does not verify" in refused.stderr, refused.stderr
+        assert "nothing was loaded or run" in refused.stderr and not (project / "marker").exists()
 
 
 def test_console_script_entry_point(project, child_env):
@@ -221,7 +237,12 @@ def test_verify_reports_each_run_and_fails_on_damage(project, child_env):
     checkpoint("bad", {"a": 1}, "x")
     checkpoint("bad", {"a": 2}, "y")
     caravanserai.runs.close_all()
-    assert cli("verify", cwd=project, env=child_env).stdout.splitlines() == ["bad\tok\t3 events", "good\tok\t2 events"]
+    from caravanserai.signing import identity
+
+    key = identity().public[:16] + "…"  # the test session's key (conftest), the child's too
+    assert cli("verify", cwd=project, env=child_env).stdout.splitlines() == [
+        "bad\tok\t3 events", f"bad\tsigned\tlaunch command by yours ({key})",
+        "good\tok\t2 events", f"good\tsigned\tlaunch command by yours ({key})"]
     path = project / ".caravanserai" / "bad" / "journal.jsonl"
     path.write_text(path.read_text().replace('"a":1', '"a":7'))
     out = cli("verify", cwd=project, env=child_env, check_rc=1).stdout

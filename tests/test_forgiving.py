@@ -9,9 +9,7 @@ journal is damaged, shows a failed run's failure and says when a torn tail was d
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-from pathlib import Path
 
 import pytest
 from conftest import PYTHON, kill9, need_module
@@ -178,7 +176,7 @@ def test_magic_usage_errors_are_ipython_usage_errors_and_help_prints(shell):
     from IPython.core.error import UsageError
     from IPython.utils.capture import capture_output
 
-    for line in ("show", "--nope", "trust", "show 'unclosed"):
+    for line in ("show", "--nope", "trust --key not-a-key", "show 'unclosed"):
         with pytest.raises(UsageError) as info:
             shell.run_line_magic("caravanserai", line)
         assert "\n" not in str(info.value)
@@ -192,13 +190,3 @@ def test_magic_usage_errors_are_ipython_usage_errors_and_help_prints(shell):
         with capture_output():
             result = shell.run_cell(f"{bad}\nx = 1\n")
         assert isinstance(result.error_in_exec, UsageError), (bad, result.error_in_exec)
-
-
-def test_private_store_rule_follows_owner_and_mode(project):
-    checkpoint("mine", {"n": 1}, "one")
-    store = caravanserai.open_store()
-    root = Path(store.url.removeprefix("file://"))
-    assert store.private_to_user()
-    os.chmod(root, 0o750)
-    assert not store.private_to_user()
-    os.chmod(root, 0o700)

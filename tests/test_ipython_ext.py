@@ -31,10 +31,10 @@ from ipython_helpers import (  # skips the module without IPython
 extension = pytest.fixture(scope="module", autouse=True)(load_extension)
 session = pytest.fixture(autouse=True)(fresh_session)
 
-import caravanserai.namespace as namespace  # noqa: E402 - after the IPython check
 from caravanserai.ipython_ext.cell import CellChanged  # noqa: E402 - after the IPython check
 from caravanserai.ipython_ext.transform import FACTORY, WrapCell, cleanup  # noqa: E402 - after the IPython check
 
+import caravanserai.runs.trust as trust  # noqa: E402 - after the IPython check
 from caravanserai.errors import DefinitionChanged, SerializationError  # noqa: E402 - after the IPython check
 
 LOOP = """\
@@ -319,32 +319,51 @@ FORGED_BUNDLE = {"text/plain": "42", "text/html": "<script>document.title = 'pwn
                  "text/markdown": "<img src=x onerror=alert(1)>", "image/png": "iVBORw0KGgo="}
 
 
-def test_a_completed_cell_reshows_only_inert_formats_from_a_store_not_private(session, project, monkeypatch):
-    """A forged run_completed event's display bundle: scripts are re-shown only from the user's own or
-    trusted store; from any other only text/plain and raster images come back."""
+def test_a_completed_cell_reshows_active_formats_only_when_signed_by_a_trusted_key(session, project, monkeypatch):
+    """A forged run_completed event's display bundle: with the writer's signature kept it is refused
+    (SignatureInvalid, private store or not); unsigned, only text/plain and raster images come back,
+    unless the store is trusted explicitly."""
     from durable_helpers import rewrite_journal
+
+    from caravanserai.errors import SignatureInvalid
 
     cell = "%%resumable r-forged\nanswer = 6 * 7\nanswer\n"
     first, _ = run(cell)
     assert first.success and first.result == 42
-    recorded = events("r-forged")
-    for event in recorded:
-        if event["type"] == "run_completed":
-            event["result"]["display"] = dict(FORGED_BUNDLE)
     store_dir = project / ".caravanserai"
-    rewrite_journal(store_dir / "r-forged" / "journal.jsonl", recorded)  # the chain verifies: only the bundle is hostile
+    recorded = events("r-forged")
 
-    def reshown() -> dict:
+    def forge(keep_signature: bool) -> None:
+        for event in recorded:
+            if event["type"] == "run_completed":
+                event["result"]["display"] = dict(FORGED_BUNDLE)
+                if not keep_signature:
+                    event["result"].pop("display_signed", None)
+        rewrite_journal(store_dir / "r-forged" / "journal.jsonl", recorded)  # the chain verifies: only the bundle is hostile
+
+    def reshown():
         forget("answer")
         again, _ = run(cell)
-        assert again.success, again.error_in_exec
-        return ip.display_formatter.format(again.result)[0]
+        return again.error_in_exec or ip.display_formatter.format(again.result)[0]
 
-    assert reshown() == FORGED_BUNDLE  # the user's own store (mode 0700): as the front end showed it
-    os.chmod(store_dir, 0o755)  # readable by others: no longer private to this user
+    forge(keep_signature=True)
+    refused = reshown()
+    assert isinstance(refused, SignatureInvalid) and refused.code == "signature_invalid" and "r-forged" in str(refused)
+    forge(keep_signature=False)
     assert reshown() == {"text/plain": "42", "image/png": "iVBORw0KGgo="}
     monkeypatch.setenv("CARAVANSERAI_TRUSTED_STORES", f"file://{store_dir}")
-    assert reshown() == FORGED_BUNDLE  # trusted like a store trusted for pickle
+    assert reshown() == FORGED_BUNDLE  # trusted explicitly: the user vouched for everything in it
+
+
+def test_a_completed_cell_reshows_its_signed_rich_output_in_full(session, monkeypatch):
+    monkeypatch.setattr(ip.display_formatter, "active_types", [*ip.display_formatter.active_types, "text/html"])
+    cell = "%%resumable r-rich\nclass Rich:\n    def _repr_html_(self):\n        return '<b>bold</b>'\nRich()\n"
+    first, _ = run(cell)
+    assert first.success, first.error_in_exec
+    done = next(e for e in events("r-rich") if e["type"] == "run_completed")
+    assert done["result"]["display"]["text/html"] == "<b>bold</b>" and done["result"]["display_signed"]["key"]
+    again, _ = run(cell)
+    assert ip.display_formatter.format(again.result)[0]["text/html"] == "<b>bold</b>"
 
 
 # ---- edited cells: CellChanged, --fork, --restart -------------------------------------------
@@ -509,8 +528,8 @@ def test_caravanserai_line_magic_list_show_store_trust_clean(project: Path, monk
     assert "m-two" in out and "m-one" not in out
 
     result, out = run(f"%caravanserai trust {other}\n")
-    assert result.success and namespace.trusted(f"file://{other}")
-    assert not namespace.trusted(f"file://{project / '.caravanserai'}")
+    assert result.success and trust.store_trusted(f"file://{other}")
+    assert not trust.store_trusted(f"file://{project / '.caravanserai'}")
 
     result, out = run("%caravanserai clean m-two\n")
     assert result.success and "deleted" in out and events("m-two", other) == []

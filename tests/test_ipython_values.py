@@ -1,5 +1,5 @@
 """Notebook variables across a restart, in-process (IPython's test shell): which codec saves each
-value (JSON forms, DataFrames, ndarrays, dataclasses, pickle only from a trusted or private store),
+value (JSON forms, DataFrames, ndarrays, dataclasses, pickle only when signed by a trusted key or from a trusted store),
 refusals for classes the notebook does not hold, and the status line naming what was pickled or left
 out. Shared setup: ``ipython_helpers``; the cell/restart/fork behaviour is in test_ipython_ext.py.
 """
@@ -27,9 +27,8 @@ from ipython_helpers import (  # skips the module without IPython
 extension = pytest.fixture(scope="module", autouse=True)(load_extension)
 session = pytest.fixture(autouse=True)(fresh_session)
 
-from caravanserai.namespace import UntrustedPickle  # noqa: E402 - after the IPython check
-
 from caravanserai import open_store  # noqa: E402 - after the IPython check
+from caravanserai.errors import UntrustedPickle  # noqa: E402 - after the IPython check
 
 # ---- notebook state codecs ------------------------------------------------------------------
 SAVE_AND_CRASH = """\
@@ -60,12 +59,12 @@ def project_store() -> Path:
     return Path(open_store(None).url.removeprefix("file://"))
 
 
-def test_pickles_load_without_trust_from_this_users_private_store():
+def test_pickles_load_for_their_author_with_no_trust_configured():
     ip.user_ns["crash_at"] = 0
     ip.user_ns["make"] = lambda: {Tag("own")}
     first, _ = run(SAVE_AND_CRASH.format(run_id="c-own-pickle"))
     assert codec_of("c-own-pickle") == "pickle"
-    assert oct(project_store().stat().st_mode & 0o777) == "0o700"
+    os.chmod(project_store(), 0o755)  # file modes play no part: the signature does
     forget("value")
     ip.user_ns["crash_at"] = -1
     loaded, _ = run(SAVE_AND_CRASH.format(run_id="c-own-pickle"))
@@ -204,7 +203,7 @@ def test_dataclass_defined_in_the_resumable_cell_itself_round_trips():
     assert repr(result.result) == "Reading(sensor='t1', value=21.5)"
 
 
-def test_pickled_value_from_an_untrusted_store_is_refused_until_trusted():
+def test_someone_elses_pickle_is_refused_until_their_store_or_key_is_trusted(person, capsys):
     store_url = open_store(None).url
     made = [0]
 
@@ -212,17 +211,19 @@ def test_pickled_value_from_an_untrusted_store_is_refused_until_trusted():
         made[0] += 1
         return {Tag("a"), Tag("b")}
 
+    alice, bob = person("alice"), person("bob")
+    person.use(alice)
     ip.user_ns["crash_at"] = 0
     ip.user_ns["make"] = make
     run(SAVE_AND_CRASH.format(run_id="c-pickle"))
     assert codec_of("c-pickle") == "pickle"
-    os.chmod(project_store(), 0o750)  # no longer private to this user: pickles need trust
+    person.use(bob)
     forget("value")
     ip.user_ns["crash_at"] = -1
     refused, _ = run(SAVE_AND_CRASH.format(run_id="c-pickle"))
     error = refused.error_in_exec
     assert isinstance(error, UntrustedPickle), error
-    assert error.code == "untrusted_pickle" and error.name == "value" and store_url in str(error)
+    assert error.code == "untrusted_pickle" and error.name == "value" and "a key you do not trust" in str(error)
     assert "value" not in ip.user_ns and made[0] == 1  # nothing loaded, nothing ran
 
     result, out = run(f"%caravanserai trust {store_url}\n")
@@ -232,27 +233,32 @@ def test_pickled_value_from_an_untrusted_store_is_refused_until_trusted():
     assert ip.user_ns["value"] == {Tag("a"), Tag("b")} and made[0] == 1
 
 
-def test_signed_pickles_load_with_the_key_and_not_without(monkeypatch: pytest.MonkeyPatch):
+def test_a_trusted_key_loads_its_pickles_and_the_retired_hmac_variable_says_so(person, monkeypatch, capsys):
+    from caravanserai import cli, signing
+
     made = [0]
 
     def make():
         made[0] += 1
         return {Tag("x")}
 
-    monkeypatch.setenv("CARAVANSERAI_SIGNING_KEY", "first-key")
+    alice, bob = person("alice"), person("bob")
+    person.use(alice)
+    alice_key = signing.identity().public
     ip.user_ns["make"] = make
     ip.user_ns["crash_at"] = 0
     run(SAVE_AND_CRASH.format(run_id="c-signed"))
-    os.chmod(project_store(), 0o750)  # no longer private to this user: pickles need trust or a signature
+    person.use(bob)
     forget("value")
     ip.user_ns["crash_at"] = -1
-    monkeypatch.setenv("CARAVANSERAI_SIGNING_KEY", "another-key")
-    wrong, _ = run(SAVE_AND_CRASH.format(run_id="c-signed"))
-    assert isinstance(wrong.error_in_exec, UntrustedPickle)
-    monkeypatch.delenv("CARAVANSERAI_SIGNING_KEY")
-    unsigned, _ = run(SAVE_AND_CRASH.format(run_id="c-signed"))
-    assert isinstance(unsigned.error_in_exec, UntrustedPickle)
-    monkeypatch.setenv("CARAVANSERAI_SIGNING_KEY", "first-key")
+    assert isinstance(run(SAVE_AND_CRASH.format(run_id="c-signed"))[0].error_in_exec, UntrustedPickle)
+    cli.run_command(["trust", "--key", alice_key, "--name", "alice"])
+    monkeypatch.setattr(signing, "_warned_retired", False)
+    monkeypatch.setenv("CARAVANSERAI_SIGNING_KEY", "an-old-shared-secret")
+    signing.identity()
+    signing.identity()
+    warned = [line for line in capsys.readouterr().err.splitlines() if "CARAVANSERAI_SIGNING_KEY" in line]
+    assert len(warned) == 1 and "retired and ignored" in warned[0]  # once, and the old secret changes nothing
     loaded, _ = run(SAVE_AND_CRASH.format(run_id="c-signed"))
     assert loaded.success, loaded.error_in_exec
     assert ip.user_ns["value"] == {Tag("x")} and made[0] == 1

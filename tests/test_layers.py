@@ -16,11 +16,11 @@ from conftest import REPO
 
 LAYERS = {
     "caravanserai._version": 0, "caravanserai.errors": 0, "caravanserai.ids": 0, "caravanserai.journal": 0,
-    "caravanserai._moved": 0, "caravanserai._html": 0, "caravanserai.events": 0,
+    "caravanserai.signing": 0, "caravanserai._moved": 0, "caravanserai._html": 0, "caravanserai.events": 0,
     "caravanserai.stores": 1, "caravanserai.calls": 2, "caravanserai.runs": 3, "caravanserai.agents": 4,
     "caravanserai.checkpoints": 5,
     "caravanserai.panels": 6, "caravanserai.cli": 6, "caravanserai.cli_checkpoints": 6, "caravanserai.cli_proxy": 6,
-    "caravanserai.testing": 6,
+    "caravanserai.cli_trust": 6, "caravanserai.testing": 6,
     "caravanserai.ipython_ext": 7, "caravanserai.widgets": 7, "caravanserai.__main__": 8, "caravanserai": 8,
 }
 FOLDERS = {"caravanserai": REPO / "caravanserai", "caravanserai.ipython_ext": REPO / "ipython_ext",

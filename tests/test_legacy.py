@@ -613,12 +613,23 @@ def make_020_run(store: Path, run_id: str, command: list[str] | None, steps: int
     return run_dir
 
 
-def test_cli_resume_of_a_0_2_0_dir_runs_its_command(project, child_env):
+def test_cli_resume_of_a_0_2_0_dir_runs_its_command_once_signed(project, child_env):
+    """0.2.0 signed nothing: its recorded command runs once the user has looked at it and signed it."""
     (project / "script.py").write_text(RESUME_SCRIPT, encoding="utf-8")
     run_dir = make_020_run(project / ".caravanserai", "handmade", [PYTHON, "script.py"], 2)
     originals = snapshot(run_dir)
-    proc = subprocess.run([PYTHON, "-m", "caravanserai", "resume", "handmade"], cwd=project, env=child_env,
-                          capture_output=True, text=True, encoding="utf-8", timeout=60)
+
+    def cli(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([PYTHON, "-m", "caravanserai", *argv], cwd=project, env=child_env, capture_output=True,
+                              text=True, encoding="utf-8", timeout=60)
+
+    refused = cli("resume", "handmade")
+    assert refused.returncode == 1 and refused.stdout == f"the journal asks to run: {PYTHON} script.py\n"
+    assert refused.stderr.count("\n") == 1 and "is not signed" in refused.stderr
+    assert "caravanserai sign handmade" in refused.stderr and "caravanserai trust --store" in refused.stderr
+    signed = cli("sign", "handmade", "--yes")
+    assert signed.returncode == 0 and f"the recorded launch command: {PYTHON} script.py" in signed.stdout, signed.stderr
+    proc = cli("resume", "handmade")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [
         f"resuming: {PYTHON} script.py",
@@ -653,7 +664,7 @@ def test_cli_resume_with_a_missing_interpreter_is_a_one_line_error(project, chil
     missing = str(project / "gone-venv" / "bin" / "python")
     command = [missing, *info("cvs020", "steps-crashed")["argv"]]
     (run_dir / "meta.json").write_text(json.dumps({"command": command}, indent=2), encoding="utf-8")
-    proc = subprocess.run([PYTHON, "-m", "caravanserai", "resume", "steps-crashed"], cwd=project, env=child_env,
+    proc = subprocess.run([PYTHON, "-m", "caravanserai", "resume", "steps-crashed", "--yes"], cwd=project, env=child_env,
                           capture_output=True, text=True, encoding="utf-8", timeout=60)
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr, proc.stderr

@@ -4,8 +4,8 @@ A run saves a variable with pickle whose ``__reduce__`` would create a marker fi
 in fresh processes and in this one, every reader is pointed at it: ``show`` (plain, ``--all`` and
 ``--json``), ``journal``, ``list``, ``verify``, ``export --html``, ``diff`` with a fork, the read
 model's variables, and every panel (Timeline, JournalTable, Runs, ForkPanel, Lineage, Compare, the
-HTML export). None creates the marker, and the value reads as a stand-in naming its codec, never
-loaded. (Who may *load* it — the trust rule with signing identities — is the rest of issue 23.)
+HTML export). None creates the marker, and the value reads as ``<pickled __main__.Boom, not loaded>``,
+even for its author, whose key would let a resumed run load it. Who may *load* it: test_trust.py.
 """
 
 from __future__ import annotations
@@ -80,11 +80,17 @@ def test_the_read_model_and_every_panel_show_a_stand_in(pickled_store, monkeypat
         caravanserai.runs.close_all()
     assert not (pickled_store / "MARKER").exists()
 
-    # the control: the saved payload is live — loading it on purpose, from a store trusted explicitly, runs it
+    # the control: the saved payload is live — restoring it on purpose, as its author (this session's key), runs it
     from caravanserai.runs.snapshots import Snapshotter
 
     store = caravanserai.open_store()
     entry = view.saved_entries(1)["boom"]
-    Snapshotter({}, ["boom"], objects=store.objects, run_id="pickled-run", store_url=store.url,
-                trusted_store=True).decode("boom", entry)
+    Snapshotter({}, ["boom"], objects=store.objects, run_id="pickled-run", store_url=store.url).decode("boom", entry)
     assert (pickled_store / "MARKER").exists()
+
+
+def test_show_names_the_pickled_class_and_says_it_was_not_loaded(pickled_store, child_env):
+    shown = subprocess.run([PYTHON, "-m", "caravanserai", "show", "pickled-run"], cwd=pickled_store, env=child_env,
+                           capture_output=True, text=True, timeout=120)
+    assert "boom = <pickled __main__.Boom, not loaded>" in shown.stdout, shown.stdout
+    assert not (pickled_store / "MARKER").exists()

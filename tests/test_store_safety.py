@@ -661,21 +661,7 @@ def test_object_store_run_locked_names_the_writer_that_won_the_race(monkeypatch)
     taken[0].release()
 
 
-# ---- 6. private stores, SQLite file modes -------------------------------------------------------
-def test_private_to_user(tmp_path, monkeypatch):
-    store = LocalStore(tmp_path / "mine")
-    assert store.private_to_user() is False  # not created yet
-    _write(store, "r")
-    assert stat.S_IMODE((tmp_path / "mine").stat().st_mode) == 0o700 and store.private_to_user() is True
-    os.chmod(tmp_path / "mine", 0o750)
-    assert store.private_to_user() is False
-    os.chmod(tmp_path / "mine", 0o700)
-    assert MemoryStore("p").private_to_user() is True
-    sqlite = SqliteStore(str(tmp_path / "p.db"))
-    assert sqlite.private_to_user() is False
-    sqlite.close()
-
-
+# ---- 6. SQLite file modes -------------------------------------------------------
 def test_sqlite_files_are_private(tmp_path):
     old = os.umask(0o022)
     try:

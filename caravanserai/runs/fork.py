@@ -133,10 +133,7 @@ _BOUNDARY_TEXT = re.compile(r'"type":"(?:waypoint|turn|run_completed|run_failed|
 
 def identity_at(events: Sequence[dict], cut: int) -> dict[str, Any]:
     """The identity in force at ``events[cut]`` (a restart or an earlier fork's cell may have changed it)."""
-    segments = Segments()
-    for event in events[: cut + 1]:
-        segments.feed(event)
-    return segments.identity
+    return Segments.of(events[: cut + 1]).identity
 
 
 def saved_names(events: Sequence[dict], cut: int) -> dict:

@@ -285,9 +285,10 @@ def _end_reentry(scope: RunScope, run: Run) -> None:
 
 def _restore_captured(run: Run, names: Sequence[str], namespace: dict) -> None:
     from .snapshots import Snapshotter
+    from .trust import resigned
 
     snapshot = Snapshotter(namespace, names, objects=run.store.objects, run_id=run.run_id, store_url=run.store.url,
-                           strict=names, trusted_store=run.store.private_to_user())
+                           strict=names, resigned=resigned(run.opened_events))
     saved = run.notebook.saved.get("values")
     if saved:
         snapshot.restore(saved)
@@ -301,7 +302,8 @@ def _capture_announcing(run: Run, snapshot: Any) -> dict:
     fresh = [name for name in snapshot.pickled if name not in announced]
     if fresh:
         announced.update(fresh)
-        sys.stderr.write(f"[caravanserai] run {run.run_id!r}: saved with pickle (restorable only from a store you trust): "
+        sys.stderr.write(f"[caravanserai] run {run.run_id!r}: saved with pickle, signed with your key (it loads for you and "
+                         f"whoever trusts your key): "
                          f"{', '.join(fresh)}\n")
     return {"values": values, "at": None}
 

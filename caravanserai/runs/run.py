@@ -28,6 +28,7 @@ from ..stores import Store
 from ..stores.base import Lease
 from .bookkeeping import LoopBook, NotebookHooks
 from .interrupts import interrupts_deferred
+from .trust import launch_payload, sign_item
 
 __all__ = ["Run", "Waypoint", "launch_info"]
 
@@ -57,7 +58,7 @@ class Waypoint:
 
 def launch_info() -> dict[str, Any]:
     """How this process was started, so ``caravanserai resume`` can replay it faithfully."""
-    return {
+    info: dict[str, Any] = {
         "pid": os.getpid(),
         "host": socket.gethostname(),
         "cwd": os.getcwd(),
@@ -66,6 +67,8 @@ def launch_info() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "caravanserai": __version__,
     }
+    info["launch_signed"] = sign_item("command", "launch", launch_payload(info))  # resume runs it only if trusted
+    return info
 
 
 _INDEXED = frozenset({"run_started", "attempt", "waypoint", "progress", "run_completed", "run_failed", "restarted",
@@ -197,7 +200,7 @@ class Run:
             if self._header or self.replayed:
                 replays = [{"type": "replayed", "calls": self.replayed}] if self.replayed else []
                 pending = [*self._header, *replays, *events]
-            lines, encoded, stored, tail = journal.encode_stored(pending, self._tail)
+            lines, encoded, stored, tail = journal.encode_stored(pending, self._tail, sign=self.store.journal_signer)
             # a Ctrl-C between the write and the writer's record of it (seq, waypoint count, index) would
             # make the next append reuse them: it is delivered when all of this is done
             with interrupts_deferred():

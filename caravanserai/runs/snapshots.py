@@ -9,12 +9,11 @@ Each variable is encoded by the first codec that fits, safest first:
   Decimal, UUID, bytes, paths, dataclasses, pydantic models (OpenAI responses), Enums, NumPy and
   pandas values, nested in any JSON structure. Class references resolve only to classes the
   namespace defines or that are allowed (``caravanserai.allow_class``): data never picks code;
-- ``pickle`` — anything else picklable, **announced by name at save time** (``Snapshotter.pickled``).
-  Pickle runs code when loaded, so a pickled value is restored only from a store this user owns
-  (``Store.private_to_user()``: the local store created by this user, mode 0o700, and
-  ``memory://``), a store the user marked trusted (``trust_store(url)`` / ``%caravanserai trust
-  URL`` / ``CARAVANSERAI_TRUSTED_STORES``), or when it carries an HMAC-SHA256 signature that
-  verifies with ``CARAVANSERAI_SIGNING_KEY``; otherwise restoring it raises ``UntrustedPickle``.
+- ``pickle`` — anything else picklable, **announced by name at save time** (``Snapshotter.pickled``),
+  signed with the writer's key and recorded with its type's name. Pickle runs code when loaded, so
+  a pickled value is restored only under the trust rule (``runs.trust``): signed by the reader or a
+  key the reader trusts, or from a store trusted explicitly; ``UntrustedPickle`` otherwise, and
+  ``SignatureInvalid`` for a signature that does not verify.
 
 A value nothing can save (a generator, an open file, a lock) is left out and named in
 ``Snapshotter.skipped``. Encodings above ``INLINE_LIMIT`` bytes go to the store's object face
@@ -27,10 +26,8 @@ from __future__ import annotations
 import base64
 import copy
 import hashlib
-import hmac
 import io
 import json
-import os
 import pickle
 import re
 import types
@@ -47,38 +44,13 @@ from ..errors import (
 )
 from ..journal import to_json
 from . import values
+from .trust import Resigned, judge, sign_item
 
-__all__ = ["Snapshotter", "UntrustedPickle", "decode_value", "encode_value", "store_trusted", "trust_store", "trusted"]
+__all__ = ["Snapshotter", "UntrustedPickle", "decode_value", "encode_value"]
 
 INLINE_LIMIT = 16 * 1024
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 _TEXT_CODECS = ("json", "typed", "dataframe", "dataclass", "pydantic")
-SIGNING_ENV = "CARAVANSERAI_SIGNING_KEY"
-TRUST_ENV = "CARAVANSERAI_TRUSTED_STORES"
-_TRUSTED: set[str] = set()
-
-
-def trust_store(url: str) -> None:
-    """Allow pickled values to be loaded from ``url`` in this process (only for stores you control)."""
-    _TRUSTED.add(url)
-
-
-def trusted(url: str) -> bool:
-    """True if the user trusted ``url`` for pickle (``trust_store`` or ``CARAVANSERAI_TRUSTED_STORES``)."""
-    return url in _TRUSTED or url in [u.strip() for u in os.environ.get(TRUST_ENV, "").split(",") if u.strip()]
-
-
-def store_trusted(store: Any) -> bool:
-    """The pickle rule for a whole store: private to this user (``Store.private_to_user``), or one
-    the user trusted. What else a store's data may choose (re-shown HTML, a command to run) follows it."""
-    return bool(store.private_to_user()) or trusted(store.url)
-
-
-def _signature(payload: bytes) -> str | None:
-    key = os.environ.get(SIGNING_ENV)
-    return hmac.new(key.encode(), payload, hashlib.sha256).hexdigest() if key else None
-
-
 def _type_name(value: Any) -> str:
     kind = type(value)
     return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
@@ -115,8 +87,7 @@ def encode_value(name: str, value: Any) -> tuple[str, bytes, dict]:
             f"variable {name!r} ({_type_name(value)}) cannot be saved with the waypoint ({type(exc).__name__}); "
             "leave it out (--state) or re-create it in a setup cell", path=name, kind=_type_name(value),
         ) from None
-    extra = {"signature": _signature(payload)} if os.environ.get(SIGNING_ENV) else {}
-    return "pickle", payload, extra
+    return "pickle", payload, {"type": _type_name(value), "signed": sign_item("pickle", name, payload)}
 
 
 def inline_entry(codec: str, payload: bytes, extra: dict) -> dict[str, Any]:
@@ -140,9 +111,9 @@ def entry_for(name: str, value: Any) -> dict[str, Any]:
     return inline_entry(codec, payload, extra)
 
 
-def decode_value(name: str, codec: str, payload: bytes, extra: dict, *, store_url: str, trusted_store: bool = False,
-                 namespace: dict | None = None) -> Any:
-    """The value ``encode_value`` saved. Pickle only from a trusted store or with a valid signature."""
+def decode_value(name: str, codec: str, payload: bytes, extra: dict, *, run_id: str, store_url: str,
+                 resigned: Resigned | None = None, namespace: dict | None = None) -> Any:
+    """The value ``encode_value`` saved. Pickle only under the trust rule (``runs.trust.judge``)."""
     namespace = namespace or {}
     if codec == "json":
         return json.loads(payload)
@@ -165,16 +136,12 @@ def decode_value(name: str, codec: str, payload: bytes, extra: dict, *, store_ur
 
         return pd.read_json(io.StringIO(payload.decode("utf-8")), orient="table")
     if codec == "pickle":
-        signature = extra.get("signature")
-        expected = _signature(payload)
-        signed = isinstance(signature, str) and expected is not None and hmac.compare_digest(signature, expected)
-        if not (signed or trusted_store or trusted(store_url)):
-            raise UntrustedPickle(
-                f"variable {name!r} was saved with pickle, and loading a pickle runs code: not loaded from {store_url}, "
-                f"which is not this user's private store. If you control it, trust it (%caravanserai trust {store_url} "
-                f"or {TRUST_ENV}), or sign pickles with {SIGNING_ENV}", name=name, store=store_url,
-            )
-        return pickle.loads(payload)  # noqa: S301 - trusted store or verified signature, see above
+        verdict = judge("pickle", name, payload, extra.get("signed"), run_id=run_id, store_url=store_url,
+                        resigned_items=resigned)
+        if not verdict.trusted:
+            raise UntrustedPickle(f"{verdict.refusal(run_id, 'pickle', name, store_url)} (loading a pickle runs code: "
+                                  "not loaded)", name=name, run_id=run_id, store=store_url, key=verdict.key)
+        return pickle.loads(payload)  # noqa: S301 - signed by a trusted key or from a trusted store, see above
     raise SerializationError(f"variable {name!r} uses codec {codec!r}, unknown to this caravanserai: upgrade", path=name)
 
 
@@ -188,14 +155,14 @@ class Snapshotter:
     """
 
     def __init__(self, namespace: dict, names: Iterable[str], *, objects: Any, run_id: str, store_url: str,
-                 strict: Iterable[str] = (), trusted_store: bool = False) -> None:
+                 strict: Iterable[str] = (), resigned: Resigned | None = None) -> None:
         self.namespace = namespace
         self.names = list(dict.fromkeys(names))
         self.strict = set(strict)
         self.objects = objects
         self.run_id = run_id
         self.store_url = store_url
-        self.trusted_store = trusted_store
+        self.resigned = resigned  # signatures `caravanserai sign` appended (runs.trust.resigned)
         self.skipped: dict[str, str] = {}
         self.pickled: list[str] = []
         self._written: set[str] = set()
@@ -277,8 +244,8 @@ class Snapshotter:
                 payload = entry["data"].encode("utf-8")
             else:
                 payload = base64.b64decode(entry["data"], validate=True)
-            return decode_value(name, codec, payload, entry, store_url=self.store_url, trusted_store=self.trusted_store,
-                                namespace=self.namespace)
+            return decode_value(name, codec, payload, entry, run_id=self.run_id, store_url=self.store_url,
+                                resigned=self.resigned, namespace=self.namespace)
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             if isinstance(exc, CaravanseraiError):
                 raise

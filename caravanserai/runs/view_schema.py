@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -202,6 +203,9 @@ class CheckpointsView:
         return out
 
 
+_TYPE_NAME = re.compile(r"[A-Za-z_][\w.]{0,199}")
+
+
 def saved_value(entry: Any) -> Any:
     """One saved variable as data: its typed JSON (new journals hold it as ``value``; older ones as
     JSON text in ``data``), or a stand-in naming the codec and digest for bytes (never decoded)."""
@@ -218,11 +222,17 @@ def saved_value(entry: Any) -> Any:
     digest = entry.get("object")
     if not isinstance(digest, str) and isinstance(entry.get("data"), str):
         digest = hashlib.sha256(entry["data"].encode()).hexdigest()
-    return {TAG: str(codec), "sha256": digest}
+    stand_in = {TAG: str(codec), "sha256": digest}
+    kind = entry.get("type")  # a pickled value's class, recorded when saved: shown, never imported
+    if isinstance(kind, str) and _TYPE_NAME.fullmatch(kind):
+        stand_in["type"] = kind
+    return stand_in
 
 
 def show_value(value: Any, limit: int | None = 80) -> str:
-    """A saved variable (``saved_value``) as people read it; a bytes stand-in as ``<pickled value, not loaded>``."""
+    """A saved variable (``saved_value``) as people read it; a bytes stand-in as ``<pickled module.Class, not loaded>``."""
+    if isinstance(value, dict) and set(value) == {TAG, "sha256", "type"} and value[TAG] == "pickle":
+        return f"<pickled {value['type']}, not loaded>"
     if isinstance(value, dict) and set(value) == {TAG, "sha256"}:
         kind = {"pickle": "pickled value, not loaded", "parquet": "DataFrame (Parquet)", "ndarray": "NumPy array (.npy)",
                 "dataframe": "DataFrame"}.get(str(value[TAG]), f"{value[TAG]} value")

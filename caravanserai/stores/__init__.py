@@ -38,7 +38,7 @@ from ..errors import InvalidStoreUrl, MissingExtra, UnknownStoreScheme
 from .base import _OPEN, IfVersion, Lease, Objects, ObjectStore, PrefixedObjects, PutMode, Store
 from .local.store import LocalDirectoryStore, LocalObjects, LocalStore
 from .memory import MemoryObjects, MemoryStore
-from .urls import redact
+from .urls import parse_bool, redact
 
 __all__ = [
     "IfVersion",
@@ -126,9 +126,36 @@ def open_store(url: StoreLike = None) -> Store:
             scheme=scheme, extra=extra,
         ) from exc
     factory: Callable[[str], Store] = getattr(module, class_name).from_url
-    store = factory(url)
+    bare, signed = _signed_option(url) if "://" in url else (url, False)
+    store = factory(bare)
+    if signed:
+        from ..signing import line_signer
+
+        store.journal_signer, store.opened_url = line_signer(), url
     _OPEN[url] = store
     return store
+
+
+def _signed_option(url: str) -> tuple[str, bool]:
+    """The URL without ``signed=…`` (an option every scheme takes, read here), and whether it asks for a
+    signed journal."""
+    base, mark, query = url.partition("?")
+    if not mark:
+        return url, False
+    pairs = [pair for pair in query.split("&") if pair]
+    mine = [pair for pair in pairs if pair.split("=", 1)[0] == "signed"]
+    if not mine:
+        return url, False
+    if len(mine) > 1:
+        raise InvalidStoreUrl(f"store URL {redact(url)!r} gives the option 'signed' twice; give it once", url=redact(url))
+    value = mine[0].partition("=")[2]
+    try:
+        signed = parse_bool(value)
+    except ValueError:
+        raise InvalidStoreUrl(f"option signed={value!r} in {redact(url)!r}: expected true or false", url=redact(url),
+                              option="signed") from None
+    rest = [pair for pair in pairs if pair not in mine]
+    return base + ("?" + "&".join(rest) if rest else ""), signed
 
 
 _SCHEME_PREFIX = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):(/?)(.*)", re.DOTALL)

@@ -379,6 +379,12 @@ class Store(ABC):
     scheme: ClassVar[str] = ""
 
     url: str
+    #: set by ``open_store`` for a URL with ``?signed=1``: every journal line this process writes is
+    #: signed with its key (``signing.line_signer``), so ``caravanserai verify`` detects a forged line
+    journal_signer: journal.Signer | None = None
+    #: the URL as given to ``open_store`` when it holds an option read there (``signed``): what a child
+    #: process must open to write the same way
+    opened_url: str | None = None
 
     # ---- run ids --------------------------------------------------------------------------
     def is_legacy_name(self, run_id: str) -> bool:
@@ -521,19 +527,6 @@ class Store(ABC):
     def has_run(self, run_id: str) -> bool:
         """True if the run has at least one journal line."""
         return bool(self.load(run_id))
-
-    def private_to_user(self) -> bool:
-        """True when only this user can have written the store (pickled values may be loaded from it).
-
-        The local store created by this user with mode 0o700 is; shared stores (SQL, object, HTTP)
-        are not, whatever their credentials: another writer could have planted a pickle there.
-        """
-        return False
-
-    def run_written_only_by_user(self, run_id: str) -> bool:
-        """True when no one but this user can have written ``run_id``'s files (``resume`` then runs
-        the command they record without asking). Shared stores: never."""
-        return False
 
     def torn_tail(self, run_id: str) -> int:
         """Bytes after the journal's last complete line (a crash mid-append); 0 where appends are atomic."""

@@ -124,10 +124,6 @@ class MemoryStore(Store):
             raise InvalidStoreUrl(f"memory:// URLs take no options, got {url!r}; use memory://name", url=url)
         return cls(url.split("://", 1)[1].split("?", 1)[0].strip("/"))
 
-    def private_to_user(self) -> bool:
-        """True: only this process can write an in-process store."""
-        return True
-
     def _load(self, run_id: str) -> list[str]:
         with self._space.lock:
             return list(self._space.journals.get(run_id, ()))

@@ -335,7 +335,6 @@ class StoreConformance(ObjectsConformance):
         with store.acquire(run_id) as lease:
             store.append(run_id, lines, lease=lease, seq=0)
         assert store.torn_tail(run_id) == 0
-        assert isinstance(store.private_to_user(), bool)
 
     def test_close_then_open_store_again_lists_and_appends(self, store_url: str | None, run_id: str) -> None:
         """``open_store(url).close()`` then ``open_store(url)``: a fresh store, never the closed one

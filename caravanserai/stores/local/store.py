@@ -28,7 +28,6 @@ import os
 import re
 import shutil
 import socket
-import stat
 import threading
 import time
 from collections.abc import Sequence
@@ -36,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ... import journal
-from ...errors import CaravanseraiError, InvalidRunId, InvalidStoreUrl, JournalCorruptionError, RunLocked
+from ...errors import InvalidRunId, InvalidStoreUrl, JournalCorruptionError, RunLocked
 from ...ids import is_legacy_readable, validate_run_id
 from ..base import Lease, Objects, Store, describe_holder, holder_info, os_failure
 from ..urls import split_url
@@ -114,28 +113,6 @@ class LocalStore(Store):
 
     def _describe(self) -> str:
         return f"local store at {str(self.root)!r}"
-
-    def private_to_user(self) -> bool:
-        """True if the root is a directory this user owns that no group or other user can enter."""
-        try:
-            info = os.stat(self.root)
-        except (OSError, ValueError):
-            return False
-        return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and info.st_mode & 0o077 == 0
-
-    def run_written_only_by_user(self, run_id: str) -> bool:
-        """True if the root, the run's directory and every file in it are this user's and no group
-        or other user can write them (a symlink counts as writable by others)."""
-        try:
-            run_dir = self.run_dir(run_id)
-            paths = [self.root, run_dir, *run_dir.iterdir()]
-            for path in paths:
-                info = os.lstat(path)
-                if stat.S_ISLNK(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
-                    return False
-        except (OSError, ValueError, CaravanseraiError):
-            return False
-        return True
 
     # -- directories
     def run_dir(self, run_id: str) -> Path:
