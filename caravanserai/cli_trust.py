@@ -119,7 +119,7 @@ def signature_report(run_id: str, events: Sequence[dict], store: Any, lines: Seq
 def add_trust_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     """Register key, trust and sign on the CLI's subparsers."""
     p = sub.add_parser("key", parents=[common], help="your public signing key (made on first use), to give to colleagues")
-    p.add_argument("--quiet", "-q", action="store_true", help="the key alone")
+    p.add_argument("--quiet", action="store_true", help="the key alone")
     p.set_defaults(func=cmd_key)
     p = sub.add_parser("trust", parents=[common],
                        help="trust a colleague's signing key (--key), or everything in the store given by --store "

@@ -41,7 +41,7 @@ The tree (codes in parentheses)::
     │   ├── RunClosed                      (run_closed)             appended to after close()
     │   ├── ItemsChanged                   (items_changed)          resumable_iterate's input changed
     │   ├── ResumeError                    (resume_error)           `caravanserai resume` cannot replay the launch
-    │   │   └── ResumeNotConfirmed         (resume_not_confirmed)   a shared store's journal names the command: --yes
+    │   │   └── ResumeNotConfirmed         (resume_not_confirmed)   a command not signed by a key you trust: --yes
     │   ├── NoSuchCall                     (no_such_call)           no unsettled tool call with that id
     │   ├── NoCurrentRun                   (no_current_run)         checkpoint(state) etc. outside a run
     │   ├── NoSuchWaypoint                 (no_such_waypoint)       fork(at=N): the run has no waypoint N

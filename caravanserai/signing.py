@@ -39,6 +39,7 @@ PREFIX = "ed25519:"
 _PUBLIC = re.compile(r"ed25519:[A-Za-z0-9_-]{43}")
 _CACHE: dict[tuple[str, int, int], Identity] = {}
 _warned_retired = False
+_KEYS_CACHE: list = []  # [(file, its mtime, the env variable, own key), keys]: judge asks once per item
 
 
 def data_dir() -> Path:
@@ -186,19 +187,29 @@ def trusted_keys_path() -> Path:
 
 def trusted_keys() -> dict[str, str]:
     """Public key -> a name for it: this person's own key ("yours"), ``trusted_keys`` and ``CARAVANSERAI_TRUSTED_KEYS``."""
+    path = trusted_keys_path()
+    try:
+        stamp = path.stat().st_mtime_ns
+    except OSError:
+        stamp = None
+    mine = identity().public
+    cache_key = (str(path), stamp, os.environ.get(TRUSTED_KEYS_ENV, ""), mine)
+    if _KEYS_CACHE and _KEYS_CACHE[0] == cache_key:
+        return _KEYS_CACHE[1]
     keys: dict[str, str] = {}
     try:
-        text = trusted_keys_path().read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8") if stamp is not None else ""
     except (OSError, UnicodeDecodeError):
         text = ""
     for line in text.splitlines():
         key, _, name = line.strip().partition(" ")
         if _PUBLIC.fullmatch(key):
             keys[key] = name.strip() or short(key)
-    for key in os.environ.get(TRUSTED_KEYS_ENV, "").split(","):
+    for key in cache_key[2].split(","):
         if _PUBLIC.fullmatch(key.strip()):
             keys.setdefault(key.strip(), short(key.strip()))
-    keys[identity().public] = "yours"
+    keys[mine] = "yours"
+    _KEYS_CACHE[:] = [cache_key, keys]
     return keys
 
 

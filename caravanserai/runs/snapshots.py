@@ -113,7 +113,8 @@ def entry_for(name: str, value: Any) -> dict[str, Any]:
 
 def decode_value(name: str, codec: str, payload: bytes, extra: dict, *, run_id: str, store_url: str,
                  resigned: Resigned | None = None, namespace: dict | None = None) -> Any:
-    """The value ``encode_value`` saved. Pickle only under the trust rule (``runs.trust.judge``)."""
+    """The value ``encode_value`` saved. Pickle only under the trust rule (``runs.trust.judge``); an ``object``
+    in ``extra`` is the payload's SHA-256, which the caller has checked (``Snapshotter.decode`` does)."""
     namespace = namespace or {}
     if codec == "json":
         return json.loads(payload)
@@ -136,8 +137,9 @@ def decode_value(name: str, codec: str, payload: bytes, extra: dict, *, run_id: 
 
         return pd.read_json(io.StringIO(payload.decode("utf-8")), orient="table")
     if codec == "pickle":
-        verdict = judge("pickle", name, payload, extra.get("signed"), run_id=run_id, store_url=store_url,
-                        resigned_items=resigned)
+        digest = extra.get("object")  # a stored object's bytes were checked against it (Snapshotter.decode)
+        verdict = judge("pickle", name, digest if isinstance(digest, str) else payload, extra.get("signed"),
+                        run_id=run_id, store_url=store_url, resigned_items=resigned)
         if not verdict.trusted:
             raise UntrustedPickle(f"{verdict.refusal(run_id, 'pickle', name, store_url)} (loading a pickle runs code: "
                                   "not loaded)", name=name, run_id=run_id, store=store_url, key=verdict.key)
