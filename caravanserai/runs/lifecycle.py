@@ -27,6 +27,7 @@ from ..errors import RunLocked, RunNotFound
 from ..ids import validate_run_id
 from ..stores import Store, open_store
 from ..stores.base import describe_holder
+from ..stores.urls import first_line
 from .identity import check_identity
 from .run import Run
 
@@ -215,18 +216,35 @@ class RunScope:
                 if self.complete:
                     run.complete(self.result, names=self.names)
             elif issubclass(etype, KeyboardInterrupt):
-                try:
-                    run.interrupted()  # the run stays pending: the next attempt resumes it
-                except Exception:  # never hide the interrupt behind a failure to record it
-                    pass
+                run.interrupted()  # the run stays pending: the next attempt resumes it
             elif not isinstance(error, self.not_failures):
                 run.fail(error)
+        except Exception as exc:
+            if etype is None:
+                raise
+            _unrecorded(error, run, "its ending", exc)  # the block's own error is the one that propagates
         finally:
             transport_journal.unbind(self._http_token)
             _CURRENT.reset(self._token)
             if self.owner:
-                run.close()
+                try:
+                    run.close()
+                except Exception as exc:
+                    if etype is None:
+                        raise
+                    _unrecorded(error, run, "the release of its lease", exc)
         return False
+
+
+def _unrecorded(error: BaseException, run: Run, what: str, exc: Exception) -> None:
+    """Say that recording ``what`` failed, without replacing ``error`` (the one propagating): on stderr,
+    and as a note on the error where Python has them (3.11+)."""
+    note = (f"[caravanserai] run {run.run_id!r}: {what} could not be recorded ({type(exc).__name__}: "
+            f"{first_line(exc)}); the next attempt resumes from the last waypoint")
+    sys.stderr.write(note + "\n")
+    add_note = getattr(error, "add_note", None)
+    if add_note is not None:
+        add_note(note)
 
 
 @contextmanager

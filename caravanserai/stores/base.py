@@ -104,13 +104,21 @@ def machine_id() -> str:
         return ""  # not Linux: never judge another process dead
 
 
+#: leases this process released while its store could not be told (a database down, a bucket
+#: unreachable): theirs to take over at once, not after they expire (``holder_is_dead``)
+ABANDONED_LEASES: set[str] = set()
+
+
 def holder_is_dead(holder: dict[str, Any] | None) -> bool:
     """True when ``holder`` ran in this machine's pid namespace and its process is gone (a kill -9,
-    a killed kernel): its lease may be taken over now instead of after it expires. Fencing (the
-    token grows) still refuses anything the dead holder had in flight."""
+    a killed kernel), or is this process and released that lease already (``ABANDONED_LEASES``):
+    its lease may be taken over now instead of after it expires. Fencing (the token grows) still
+    refuses anything the dead holder had in flight."""
     if not holder or not holder.get("machine") or holder.get("machine") != machine_id():
         return False
     pid = holder.get("pid")
+    if pid == os.getpid() and holder.get("lease") in ABANDONED_LEASES:
+        return True
     if type(pid) is not int or pid <= 1 or pid == os.getpid():
         return False
     try:

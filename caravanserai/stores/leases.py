@@ -23,7 +23,7 @@ from abc import abstractmethod
 from typing import Any
 
 from ..errors import LeaseLost, LeaseTtlInvalid
-from .base import Lease
+from .base import ABANDONED_LEASES, Lease
 
 MIN_TTL_MS = 3000
 MIN_TTL = MIN_TTL_MS / 1000  # seconds, for callers of the earlier name
@@ -57,6 +57,10 @@ class ExpiringLease(Lease):
         self.ttl = ttl
         self._deadline = started + 0.9 * ttl
         self._lost: str | None = None
+        # one renewal at a time: the append path and the background thread both renew, and on object
+        # storage two concurrent compare-and-swaps of the same version make the loser think its own
+        # lease was taken over
+        self._renewing = threading.RLock()  # reentrant: a release may compact, which may renew
         self._stop = threading.Event()
         self._renewer = threading.Thread(target=_renew_loop, args=(weakref.ref(self), self._stop, ttl / 3),
                                          name=f"caravanserai-lease-{run_id}", daemon=True)
@@ -79,27 +83,33 @@ class ExpiringLease(Lease):
         """Renew now if a third of the TTL has passed since the last renewal (cheap otherwise)."""
         self.check()
         if time.monotonic() >= self._deadline - 0.6 * self.ttl:
-            self._renew_now()
+            self._renew_now(due=0.6)
 
-    def _renew_now(self) -> None:
-        started = time.monotonic()
-        if started >= self._deadline:
-            self._lost = "its deadline passed before a renewal"
-            self.check()
-        try:
-            self._renew()
-        except LeaseLost as exc:
-            self._lost = str(exc)
-            raise
-        self._deadline = started + 0.9 * self.ttl
+    def _renew_now(self, due: float = 0.6) -> None:
+        """Renew unless another thread renewed while this one waited (less than ``(0.9 - due) * ttl`` ago)."""
+        with self._renewing:
+            started = time.monotonic()
+            if started < self._deadline - due * self.ttl or self._released or self._lost is not None:
+                return
+            if started >= self._deadline:
+                self._lost = "its deadline passed before a renewal"
+                self.check()
+            try:
+                self._renew()
+            except LeaseLost as exc:
+                self._lost = str(exc)
+                raise
+            self._deadline = started + 0.9 * self.ttl
 
     def _release(self) -> None:
         self._stop.set()
-        if self._lost is None:
-            try:
-                self._release_remote()
-            except Exception:
-                pass  # it expires on its own
+        with self._renewing:  # not in the middle of a renewal's compare-and-swap
+            if self._lost is None:
+                try:
+                    self._release_remote()
+                except Exception:  # it expires on its own; this process may take it over before that
+                    if isinstance(self.holder.get("lease"), str):
+                        ABANDONED_LEASES.add(self.holder["lease"])
 
     @abstractmethod
     def _renew(self) -> None:
@@ -116,7 +126,7 @@ def _renew_loop(ref: weakref.ref[ExpiringLease], stop: threading.Event, every: f
         if lease is None or lease._released or lease._lost is not None:
             return
         try:
-            lease._renew_now()
+            lease._renew_now(due=0.7)  # every ttl/3; a renewal by the append path meanwhile counts
         except LeaseLost:
             return
         except Exception:

@@ -72,6 +72,9 @@ def is_panic(error: BaseException) -> bool:
     return type(error).__name__ == "PanicException"
 
 
+_NO_BUCKET = re.compile(r"NoSuchBucket|ContainerNotFound|The specified bucket does not exist")
+
+
 def describe_failure(error: BaseException, description: str) -> StoreUnavailable:
     """The one-line StoreUnavailable for an obstore failure on ``description`` ("s3://bucket")."""
     text = str(error)
@@ -79,6 +82,9 @@ def describe_failure(error: BaseException, description: str) -> StoreUnavailable
     if _METADATA.search(text):
         return StoreUnavailable(f"object store {description} has no credentials: "
                                 f"{CREDENTIAL_HINTS.get(scheme, _GENERIC_HINT)}", url=description)
+    if _NO_BUCKET.search(text):
+        return StoreUnavailable(f"object store {description}: the bucket (or container) does not exist; create it, or fix "
+                                "the bucket in the store URL", url=description)
     line = redact(first_line(error))
     cut = line.find(": <?xml")
     if cut >= 0:  # the server's XML error body: keep its code and message, not the markup
@@ -105,7 +111,9 @@ class ObstoreObjects(Objects):
         _, exc = _obstore()
         try:
             return fn(*args, **kwargs)
-        except (exc.NotFoundError, FileNotFoundError):
+        except (exc.NotFoundError, FileNotFoundError) as error:
+            if _NO_BUCKET.search(str(error)):  # not a missing key: a missing bucket (a put would read as a lost race)
+                raise describe_failure(error, self.description) from None
             raise _Missing from None
         except (exc.AlreadyExistsError, exc.PreconditionError, FileExistsError):
             raise _Exists from None

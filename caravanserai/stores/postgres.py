@@ -26,34 +26,44 @@ _OURS: dict[str, Callable[[str], Any]] = {"table": str, "lease_ttl_ms": int, "cr
 
 
 def psycopg_exec(dsn: str) -> Any:
-    """An ``exec`` on one autocommit psycopg connection (every statement durable when it returns)."""
+    """An ``exec`` on one autocommit psycopg connection (every statement durable when it returns).
+
+    A connection the server dropped (a restart, a failover, an idle timeout) fails its statement with
+    ``StoreUnavailable``, once; the next statement opens a new connection, so a writer that starts
+    again (a fresh ``durable()``) continues on the same cached store without closing it by hand.
+    """
     try:
         import psycopg
     except ImportError as exc:
         raise MissingExtra("postgresql:// stores need psycopg 3: pip install 'caravanserai[postgres]'", extra="postgres") from exc
     shown = _redact(dsn)
-    try:
-        conn = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
-    except psycopg.Error as exc:
-        reason = redact(first_line(exc))
-        if not isinstance(exc, psycopg.ProgrammingError) and not _BAD_OPTION.search(reason):
-            raise StoreUnavailable(f"cannot connect to PostgreSQL at {shown}: {reason}; check that the server runs "
-                                   "and the URL", url=shown) from None
-        # libpq could not parse the DSN, or refused an option's value
-        raise InvalidStoreUrl(f"PostgreSQL refused the URL {shown}: {reason}; caravanserai's own "
-                              f"options are {', '.join(sorted(_OURS))}, any other must be a libpq parameter "
-                              "(sslmode, connect_timeout, application_name...)", url=shown) from None
+
+    def connect() -> Any:
+        try:
+            return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+        except psycopg.Error as exc:
+            reason = redact(first_line(exc))
+            if not isinstance(exc, psycopg.ProgrammingError) and not _BAD_OPTION.search(reason):
+                raise StoreUnavailable(f"cannot connect to PostgreSQL at {shown}: {reason}; check that the server runs "
+                                       "and the URL", url=shown) from None
+            # libpq could not parse the DSN, or refused an option's value
+            raise InvalidStoreUrl(f"PostgreSQL refused the URL {shown}: {reason}; caravanserai's own "
+                                  f"options are {', '.join(sorted(_OURS))}, any other must be a libpq parameter "
+                                  "(sslmode, connect_timeout, application_name...)", url=shown) from None
 
     converted: dict[str, str] = {}  # $n placeholders -> psycopg's %s, once per statement
 
-    def run(query: str, params: Sequence[Any]) -> list:
+    def run(query: str, params: Sequence[Any]) -> list:  # the store serializes its calls (SqlStore.exec)
+        conn = run.connection  # type: ignore[attr-defined]
+        if conn.closed:  # dropped under an earlier statement (psycopg marks it broken and closed)
+            conn = run.connection = connect()  # type: ignore[attr-defined]
         text = converted.get(query)
         if text is None:
             text = converted[query] = re.sub(r"\$\d+", "%s", query)
         cur = conn.execute(text, params)
         return cur.fetchall() if cur.description else []
 
-    run.connection = conn  # type: ignore[attr-defined]
+    run.connection = connect()  # type: ignore[attr-defined]
     return run
 
 

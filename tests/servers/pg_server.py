@@ -30,10 +30,12 @@ class PgServer:
     dsn: str
     data_dir: str | None = None
     bin_dir: str | None = None
+    options: str = ""  # the server's command-line options (pg_ctl -o), to start it again the same way
 
     @classmethod
-    def start(cls) -> PgServer:
-        if os.environ.get("TEST_PG_DSN"):
+    def start(cls, *, private: bool = False) -> PgServer:
+        """The server TEST_PG_DSN names, or (always, when ``private``: a test that restarts it) a new cluster."""
+        if os.environ.get("TEST_PG_DSN") and not private:
             return cls(os.environ["TEST_PG_DSN"])
         bin_dir = binaries()
         if bin_dir is None:
@@ -46,10 +48,28 @@ class PgServer:
         data = os.path.join(base, "data")
         subprocess.run(_as_postgres([f"{bin_dir}/initdb", "-N", "-D", data, "-U", "postgres", "--auth=trust",
                                      "-E", "UTF8", "--no-locale"]), check=True, capture_output=True)
+        options = f"-c listen_addresses=127.0.0.1 -p {port} -k {base} -c fsync=on"
         subprocess.run(_as_postgres([f"{bin_dir}/pg_ctl", "-D", data, "-l", os.path.join(base, "log"), "-w", "-t", "60",
-                                     "-o", f"-c listen_addresses=127.0.0.1 -p {port} -k {base} -c fsync=on",
-                                     "start"]), check=True, capture_output=True)
-        return cls(f"postgresql://postgres@127.0.0.1:{port}/postgres", data, bin_dir)
+                                     "-o", options, "start"]), check=True, capture_output=True)
+        return cls(f"postgresql://postgres@127.0.0.1:{port}/postgres", data, bin_dir, options)
+
+    def _ctl(self, *args: str) -> None:
+        subprocess.run(_as_postgres([f"{self.bin_dir}/pg_ctl", "-D", self.data_dir, "-w", "-t", "60", *args]),
+                       check=True, capture_output=True)
+
+    def restart(self) -> None:
+        """``pg_ctl restart -m fast``: every connection is dropped; returns once the server accepts again."""
+        assert self.data_dir, "only a private server can be restarted"
+        self._ctl("-l", os.path.join(os.path.dirname(self.data_dir), "log"), "restart", "-m", "fast")
+
+    def pause(self) -> None:
+        """Stop the server (``-m fast``) until ``resume``: the store cannot be reached meanwhile."""
+        assert self.data_dir, "only a private server can be stopped"
+        self._ctl("stop", "-m", "fast")
+
+    def resume(self) -> None:
+        """Start it again after ``pause``, with the options it had (postmaster.opts)."""
+        self._ctl("-l", os.path.join(os.path.dirname(self.data_dir), "log"), "-o", self.options, "start")
 
     def stop(self) -> None:
         if self.data_dir:
