@@ -27,6 +27,7 @@ from .runs.api import clean, readable_run_id
 from .runs.index import age_seconds, check_index, list_runs
 from .runs.lifecycle import require_events
 from .runs.settle import settle
+from .runs.signed_items import launch_of
 from .runs.trust import judge, launch_payload, resigned
 from .runs.view import AttemptView, RunView, gc_paused, inspect_run
 from .stores import ENV_VAR, open_store
@@ -239,12 +240,13 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if "cell_source" in Segments.of(events).identity:  # a notebook cell's run: its kernel's command would not run the cell
         raise ResumeError(f"run {run_id!r} is a notebook cell's run: continue it by running its cell as "
                           f"`%%resumable {run_id}` (edited or not, if it is a fork that has not run yet)", run_id=run_id)
-    source, source_events, launch = _launch(run_id, events, store)
+    source, source_events, launch = launch_of(run_id, events, store)
     command = cast("list[str]", launch.get("orig_argv") or launch.get("command"))  # a launch has one
     cwd = launch.get("cwd")
     where = f" (in {cwd})" if cwd else ""
     verdict = judge("command", "launch", launch_payload(launch), launch.get("launch_signed"), run_id=source,
-                    store_url=store.url, resigned_items=resigned(source_events))  # SignatureInvalid: refused, even with --yes
+                    store_url=store.url,  # SignatureInvalid: refused, even with --yes
+                    resigned_items=resigned([*source_events, *events] if source != run_id else events))
     if source != run_id:  # a fork never run: the parent's launch, pointed at the fork
         command = [command[0], *(run_id if word == source else word for word in command[1:])]
     if not args.yes and not verdict.trusted:
@@ -265,34 +267,6 @@ def cmd_resume(args: argparse.Namespace) -> int:
             f"cannot run {command[0]!r} recorded for run {run_id!r}: {exc.strerror or exc}; re-run the script by hand",
             run_id=run_id,
         ) from None
-
-
-def _first_launch(events: Sequence[dict]) -> dict | None:
-    """The first attempt event that records its command (a 0.1.x run gets one when we first write it)."""
-    segments = Segments()
-    return next((e for e in events if segments.feed(e) == "attempt" and (e.get("orig_argv") or e.get("command"))), None)
-
-
-def _launch(run_id: str, events: Sequence[dict], store: Any) -> tuple[str, Sequence[dict], dict]:
-    """(the run whose launch it is, that run's events, the launch event). A fork never run resumes by
-    its parent's command with the parent's run id argument replaced by the fork's; ResumeError when
-    there is none, or the parent's command does not name its run id."""
-    launch = _first_launch(events)
-    if launch is not None:
-        return run_id, events, launch
-    parent = Segments.of(events).parent
-    if parent is None:
-        raise ResumeError(
-            f"run {run_id!r} has no recorded command (written by {events[0].get('imported_from') or 'an old version'}); "
-            "re-run the script that created it", run_id=run_id)
-    parent_events = require_events(parent, store)
-    launch = _first_launch(parent_events)
-    command = launch and (launch.get("orig_argv") or launch.get("command"))
-    if launch is None or not isinstance(command, list) or parent not in command[1:]:
-        raise ResumeError(f"run {run_id!r} is a fork of {parent!r}, whose command does not take its run id as an "
-                          f"argument; continue it from Python with caravanserai.durable({run_id!r}) around the same code",
-                          run_id=run_id)
-    return parent, parent_events, launch
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

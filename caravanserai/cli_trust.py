@@ -50,7 +50,7 @@ def cmd_trust(args: argparse.Namespace) -> int:
 def cmd_sign(args: argparse.Namespace) -> int:
     store = open_store(args.store)
     run_id = readable_run_id(args.run_id, store)
-    reviewed = review(run_id, require_events(run_id, store), store.url)
+    reviewed = review(run_id, require_events(run_id, store), store)
     bad = next((r for r in reviewed if r.invalid is not None), None)
     if bad is not None:
         assert bad.invalid is not None
@@ -83,12 +83,17 @@ def signature_report(run_id: str, events: Sequence[dict], store: Any, lines: Seq
     out, problems = [], 0
     keys = signing.trusted_keys()
     by_signer: dict[str, list[str]] = {}
-    for reviewed in review(run_id, events, store.url):
+    for reviewed in review(run_id, events, store):
         item, verdict = reviewed.item, reviewed.verdict
         if reviewed.invalid is not None:
             problems += 1
             out.append(f"{run_id}\tBAD SIGNATURE\t{reviewed.invalid.message}")
-        elif verdict is not None and verdict.key is not None:
+            continue
+        if verdict is not None and verdict.ignored:
+            problems += 1
+            out.append(f"{run_id}\tBAD SIGNATURE\t{verdict.ignored} signature(s) that `caravanserai sign` events add to "
+                       f"{item.what} do not verify (forged or altered): left out")
+        if verdict is not None and verdict.key is not None:
             who = keys.get(verdict.key) or f"{signing.short(verdict.key)}, not trusted"
             by_signer.setdefault(f"{who} ({signing.short(verdict.key)})" if who in keys.values() else who, []).append(
                 item.label)

@@ -29,8 +29,8 @@ from typing import Any
 from .errors import JournalCorruptionError, SerializationError, UndigestableValue
 
 FORMAT_VERSION = 1
-RESERVED_FIELDS = ("v", "seq", "at", "type", "prev")
-_RESERVED = frozenset((*RESERVED_FIELDS, "sig"))  # "sig": a signed journal's line signature, made per line
+RESERVED_FIELDS = ("v", "seq", "at", "type", "prev", "sig")  # "sig": a signed journal's line signature, per line
+_RESERVED = frozenset(RESERVED_FIELDS)
 
 
 _SECOND: tuple[int, str] = (-1, "")  # (POSIX second, its "YYYY-MM-DDTHH:MM:SS"): formatted once a second

@@ -25,6 +25,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .errors import KeyFileInvalid, PublicKeyInvalid
 
@@ -39,6 +40,7 @@ PREFIX = "ed25519:"
 _PUBLIC = re.compile(r"ed25519:[A-Za-z0-9_-]{43}")
 _CACHE: dict[tuple[str, int, int], Identity] = {}
 _warned_retired = False
+_warned_unsigned = False
 _KEYS_CACHE: list = []  # [(file, its mtime, the env variable, own key), keys]: judge asks once per item
 
 
@@ -63,8 +65,8 @@ def _unb64(text: str) -> bytes:
 
 
 def short(public: str) -> str:
-    """A public key as people read it: ``ed25519:AbCdEfGh…``."""
-    return public[: len(PREFIX) + 8] + "…"
+    """A public key as people read it: ``ed25519:AbCdEfGh…`` (anything else read from a store: its repr, cut)."""
+    return public[: len(PREFIX) + 8] + "…" if isinstance(public, str) and _PUBLIC.fullmatch(public) else repr(public)[:40]
 
 
 @dataclass(frozen=True)
@@ -79,15 +81,17 @@ class Identity:
         return _b64(self._private.sign(message))  # type: ignore[attr-defined]
 
 
-def identity() -> Identity:
+def identity(*, create: bool = True) -> Identity:
     """This person's identity, its key created on first use (KeyFileInvalid if the file is unusable or
     others can read it: checked at every call, since a key that leaked must stop signing at once)."""
     path = key_path()
     try:
         info = path.stat()
     except FileNotFoundError:
+        if not create:
+            raise KeyFileInvalid(f"you have no signing key yet ({path})", path=str(path)) from None
         _create(path)
-        info = path.stat()
+        info = _stat(path)
     except OSError as exc:
         raise KeyFileInvalid(f"cannot read your signing key {path} ({exc.strerror or exc}); fix its permissions or set "
                              f"{KEY_ENV} to another file", path=str(path)) from None
@@ -100,6 +104,28 @@ def identity() -> Identity:
         found = _CACHE[stamp] = _load(path)
     _warn_retired()
     return found
+
+
+def signer() -> Identity | None:
+    """``identity()`` for a writer: None (said once on stderr) when the key cannot be made or used, so
+    a read-only home or a key others can read does not stop a run; what it writes then is unsigned."""
+    global _warned_unsigned
+    try:
+        return identity()
+    except KeyFileInvalid as exc:
+        if not _warned_unsigned:
+            _warned_unsigned = True
+            print(f"[caravanserai] writing unsigned ({exc.message}): your pickled values, launch commands and outputs "
+                  "will not load or run for you without trusting the store", file=sys.stderr)
+        return None
+
+
+def _stat(path: Path) -> os.stat_result:
+    try:
+        return path.stat()
+    except OSError as exc:  # a dangling symlink where the key goes
+        raise KeyFileInvalid(f"cannot use {path} as your signing key ({exc.strerror or exc}); remove it or set "
+                             f"{KEY_ENV} to another file", path=str(path)) from None
 
 
 def _create(path: Path) -> None:
@@ -122,6 +148,9 @@ def _create(path: Path) -> None:
                 os.link(tmp, path)
             except FileExistsError:
                 pass  # another process made it first: use theirs
+            except OSError:  # a file system without hard links: create-if-absent another way (O_EXCL)
+                with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
+                    out.write(pem)
         finally:
             os.unlink(tmp)
     except OSError as exc:
@@ -166,7 +195,7 @@ def parse_public_key(text: str) -> str:
     return key
 
 
-def verify(public: str, message: bytes, signature: str) -> bool:
+def verify(public: str, message: bytes, signature: Any) -> bool:
     """True if ``signature`` is ``public``'s signature of ``message`` (False for any malformed part)."""
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -189,10 +218,14 @@ def trusted_keys() -> dict[str, str]:
     """Public key -> a name for it: this person's own key ("yours"), ``trusted_keys`` and ``CARAVANSERAI_TRUSTED_KEYS``."""
     path = trusted_keys_path()
     try:
-        stamp = path.stat().st_mtime_ns
+        info = path.stat()
+        stamp: tuple | None = (info.st_ino, info.st_size, info.st_mtime_ns)
     except OSError:
         stamp = None
-    mine = identity().public
+    try:
+        mine = identity(create=False).public  # a reader never makes a key
+    except KeyFileInvalid:
+        mine = ""
     cache_key = (str(path), stamp, os.environ.get(TRUSTED_KEYS_ENV, ""), mine)
     if _KEYS_CACHE and _KEYS_CACHE[0] == cache_key:
         return _KEYS_CACHE[1]
@@ -208,7 +241,8 @@ def trusted_keys() -> dict[str, str]:
     for key in cache_key[2].split(","):
         if _PUBLIC.fullmatch(key.strip()):
             keys.setdefault(key.strip(), short(key.strip()))
-    keys[mine] = "yours"
+    if mine:
+        keys[mine] = "yours"
     _KEYS_CACHE[:] = [cache_key, keys]
     return keys
 
@@ -242,7 +276,8 @@ def sha256(payload: bytes) -> str:
 
 
 def line_signer() -> Callable[[bytes], str]:
-    """Signs a journal line for a store opened with ``?signed=1``: ``ed25519:KEY.SIGNATURE``."""
+    """Signs a journal line for a store opened with ``?signed=1``: ``ed25519:KEY.SIGNATURE`` (KeyFileInvalid
+    without a usable key: a signed journal is asked for explicitly)."""
     me = identity()
     return lambda line: f"{me.public}.{me.sign(line)}"
 

@@ -23,11 +23,11 @@ from caravanserai.calls.ledger import calls_text
 from caravanserai.cli import ArgumentParser
 from caravanserai.errors import CellChanged
 from caravanserai.errors import UsageError as CaravanseraiUsageError
-from caravanserai.journal import canonical, digest
+from caravanserai.journal import digest
 from caravanserai.runs.fork import code_diff, fork
 from caravanserai.runs.lifecycle import RunScope
 from caravanserai.runs.snapshots import Snapshotter
-from caravanserai.runs.trust import judge, resigned, sign_item
+from caravanserai.runs.trust import item_bytes, judge, resigned, sign_item
 from caravanserai.stores import open_store
 
 OUTPUT_LIMIT = 64 * 1024
@@ -111,7 +111,7 @@ def shown_bundle(recorded: dict, run: Any) -> dict | None:
     bundle = recorded.get("display")
     if not isinstance(bundle, dict):
         return None
-    verdict = judge("display", "result", canonical(bundle).encode("utf-8"), recorded.get("display_signed"),
+    verdict = judge("display", "result", item_bytes(bundle), recorded.get("display_signed"),
                     run_id=run.run_id, store_url=run.store.url, resigned_items=resigned(run.opened_events))
     kept = {k: v for k, v in bundle.items() if isinstance(k, str) and isinstance(v, str)
             and (verdict.trusted or k in INERT_FORMATS)}
@@ -122,7 +122,8 @@ def signed_bundle(bundle: dict | None) -> dict:
     """A display bundle as the completed event records it, signed with this person's key."""
     if bundle is None:
         return {}
-    return {"display": bundle, "display_signed": sign_item("display", "result", canonical(bundle).encode("utf-8"))}
+    signed = sign_item("display", "result", item_bytes(bundle))
+    return {"display": bundle} if signed is None else {"display": bundle, "display_signed": signed}
 
 
 class _Recorded:

@@ -12,6 +12,7 @@ from caravanserai import cli
 from caravanserai.errors import UsageError as CaravanseraiUsageError
 from caravanserai.runs.trust import trust_store
 from caravanserai.stores import ENV_VAR, open_store
+from caravanserai.stores.urls import redact
 
 from .cell import parser
 from .transform import MAGIC
@@ -40,7 +41,7 @@ class CaravanseraiMagics(Magics):
                 print(open_store().url)
                 return
             os.environ[ENV_VAR] = open_store(words[1]).opened_url or open_store(words[1]).url
-            print(f"default store for this session: {os.environ[ENV_VAR]}")
+            print(f"default store for this session: {redact(os.environ[ENV_VAR])}")
             return
         if words[0] == "trust" and len(words) == 2 and not words[1].startswith("-"):  # else: the CLI's trust --key/--store
             trust_store(open_store(words[1]).url)

@@ -366,6 +366,17 @@ def test_a_completed_cell_reshows_its_signed_rich_output_in_full(session, monkey
     assert ip.display_formatter.format(again.result)[0]["text/html"] == "<b>bold</b>"
 
 
+def test_a_completed_cell_signed_by_someone_else_reshows_inert(session, monkeypatch, person):
+    monkeypatch.setattr(ip.display_formatter, "active_types", [*ip.display_formatter.active_types, "text/html"])
+    cell = "%%resumable r-theirs\nclass Rich:\n    def _repr_html_(self):\n        return '<b>bold</b>'\nRich()\n"
+    person.use(person("alice"))
+    first, _ = run(cell)
+    assert first.success, first.error_in_exec
+    person.use(person("bob"))  # a valid signature, by a key bob does not trust
+    again, _ = run(cell)
+    assert "text/html" not in ip.display_formatter.format(again.result)[0]
+
+
 # ---- edited cells: CellChanged, --fork, --restart -------------------------------------------
 def test_an_edited_cell_raises_cell_changed_saying_what_changed(session):
     log = session

@@ -49,7 +49,16 @@ HARDENING = {
         "test_cli.py::test_resume_of_a_command_someone_else_signed_prints_it_and_needs_yes",
         "test_cli.py::test_resume_runs_its_authors_command_whatever_the_modes_and_never_a_tampered_one"],
     "a re-shown output bundle: active formats only when signed by a trusted key": [
-        "test_ipython_ext.py::test_a_completed_cell_reshows_active_formats_only_when_signed_by_a_trusted_key"],
+        "test_ipython_ext.py::test_a_completed_cell_reshows_active_formats_only_when_signed_by_a_trusted_key",
+        "test_ipython_ext.py::test_a_completed_cell_signed_by_someone_else_reshows_inert"],
+    "a forged signature added by a `signed` event is left out and reported, never fatal": [
+        "test_a_junk_signature_in_a_signed_event_is_left_out_and_reported_not_fatal"],
+    "signatures follow a fork; pickles stored as objects are judged the same way": [
+        "test_signatures_added_by_sign_follow_a_fork_and_large_pickles_are_judged_too"],
+    "a signed and a plain store of one place never share a writer; bad `signed` options are one line": [
+        "test_a_signed_and_a_plain_store_of_one_place_never_share_a_writer", "test_a_bad_signed_option_is_a_one_line_error"],
+    "no usable key (a read-only home): the run goes on, unsigned, said once": [
+        "test_without_a_usable_key_a_run_goes_on_unsigned_and_says_so_once"],
     "reading (show, journal, list, verify, export, diff, panels) never unpickles, for anyone": [
         "test_reading_runs_nothing.py::test_no_command_loads_a_pickled_value",
         "test_reading_runs_nothing.py::test_the_read_model_and_every_panel_show_a_stand_in",
@@ -72,6 +81,20 @@ class Boom:
 
     def __reduce__(self):
         return (Path.touch, (Path(self.marker),))
+
+
+class BigValue:
+    """Over 16 KiB pickled (saved as a stored object); loading it makes the file ``marker`` names."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (_touch_with_ballast, (self.marker, "x" * 40_000))
+
+
+def _touch_with_ballast(marker: str, ballast: str) -> None:
+    Path(marker).touch()
 
 
 def test_the_hardening_table_names_real_tests():
@@ -107,6 +130,23 @@ def test_the_key_is_made_private_on_first_use_and_refused_when_exposed(tmp_path,
     with pytest.raises(PublicKeyInvalid) as bad:
         cli.run_command(["trust", "--key", "ed25519:short"])
     assert bad.value.code == "public_key_invalid" and "caravanserai key" in str(bad.value)
+
+
+def test_without_a_usable_key_a_run_goes_on_unsigned_and_says_so_once(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("CARAVANSERAI_KEY_FILE")
+    monkeypatch.setenv("XDG_DATA_HOME", "/proc/no-such-place")  # cannot be created
+    monkeypatch.setattr(signing, "_warned_unsigned", False)
+    store = open_store(f"memory://{uuid.uuid4().hex[:8]}")
+    for n in range(2):
+        with caravanserai.durable("unsigned", store=store) as run:
+            run.checkpoint({"n": n}, "saved")
+    warned = [line for line in capsys.readouterr().err.splitlines() if "writing unsigned" in line]
+    assert len(warned) == 1 and "cannot create your signing key" in warned[0]
+    assert all("launch_signed" not in e for e in store.events("unsigned"))
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        cli.run_command(["verify", "--store", store.url])  # a reader makes no key
+    assert "unsigned\tsigned\tlaunch command by no one" in out.getvalue()
 
 
 # ---- two people, one OS user --------------------------------------------------------------------
@@ -189,7 +229,9 @@ def test_sign_shows_what_it_signs_and_refuses_an_altered_item(tmp_path, person):
     (tmp_path / "job.py").write_text(WRITER)
     _as(alice, tmp_path, "job.py", "stop", check_rc=1)
     asked = _as(bob, tmp_path, "-m", "caravanserai", "sign", "shared-run", check_rc=2)
-    assert "pickled variable 'boom': __main__.Boom, sha256 " in asked.stdout
+    # what loading would really import and call, read from the pickle (not the type its writer recorded)
+    assert "pickled variable 'boom': recorded as __main__.Boom, sha256 " in asked.stdout
+    assert "loading it imports and may call pathlib.Path.touch" in asked.stdout and not (tmp_path / "MARKER").exists()
     assert "the recorded launch command: " in asked.stdout and "job.py stop" in asked.stdout
     assert "--yes" in asked.stderr and "nothing was signed" in asked.stderr
     signed = _as(bob, tmp_path, "-m", "caravanserai", "sign", "shared-run", "--yes")
@@ -206,6 +248,49 @@ def test_sign_shows_what_it_signs_and_refuses_an_altered_item(tmp_path, person):
     refused = _as(bob, tmp_path, "-m", "caravanserai", "sign", "shared-run", "--yes", check_rc=1)
     assert "does not verify" in refused.stderr and "nothing was signed" in refused.stderr
     assert "BAD SIGNATURE" in _as(bob, tmp_path, "-m", "caravanserai", "verify", check_rc=1).stdout
+
+
+def test_a_junk_signature_in_a_signed_event_is_left_out_and_reported_not_fatal(tmp_path, person):
+    """Anyone who can append can add a `signed` event: a record in it that does not verify must not make
+    an intact item unusable (it is left out), and verify says so."""
+    alice = person("alice")
+    (tmp_path / "job.py").write_text(WRITER)
+    _as(alice, tmp_path, "job.py", "stop", check_rc=1)
+    store = open_store(str(tmp_path / ".caravanserai"))
+    entry = inspect_run("shared-run", store).saved_entries()["boom"]
+    digest = signing.sha256(base64.b64decode(entry["data"]))
+    append_event(store, "shared-run", {"type": "signed", "items": [
+        {"kind": "pickle", "name": "boom", "sha256": digest, "key": "junk\nshared-run\tsigned\tINJECTED", "sig": "x"}]})
+    caravanserai.runs.close_all()
+    report = _as(alice, tmp_path, "-m", "caravanserai", "verify", check_rc=1).stdout
+    assert "shared-run\tBAD SIGNATURE\t1 signature(s)" in report and "pickle 'boom' by yours" in report
+    assert "INJECTED" not in report  # text from the store never becomes a line of the report
+    _as(alice, tmp_path, "job.py")  # the intact, signed value still loads for its author
+    assert (tmp_path / "MARKER").exists()
+
+
+def test_signatures_added_by_sign_follow_a_fork_and_large_pickles_are_judged_too(tmp_path, person, monkeypatch):
+    alice, bob = person("alice"), person("bob")
+    person.use(alice)
+    monkeypatch.chdir(tmp_path)
+    big = {"boom": Boom(tmp_path / "MARKER"), "ballast": None}
+    big["ballast"] = BigValue(tmp_path / "BIG")
+    with pytest.raises(RuntimeError), caravanserai.durable("p", capture=["boom", "ballast"], namespace=big) as run:
+        run.checkpoint({"n": 1}, "saved")
+        raise RuntimeError("stop")
+    entries = inspect_run("p").saved_entries()
+    assert "object" in entries["ballast"] and entries["ballast"]["codec"] == "pickle"  # over 16 KiB: a stored object
+    caravanserai.runs.close_all()
+    person.use(bob)
+    with pytest.raises(UntrustedPickle):
+        _reopen(open_store(None), "p")
+    assert cli.run_command(["sign", "p", "--yes"]) == 0
+    child = caravanserai.fork("p", at=1, new_run_id="p-fork")
+    caravanserai.runs.close_all()
+    namespace: dict = {}
+    with caravanserai.durable(child, capture=["boom", "ballast"], namespace=namespace):
+        pass
+    assert (tmp_path / "MARKER").exists() and (tmp_path / "BIG").exists()  # both loaded for bob, in the fork
 
 
 @contextlib.contextmanager
@@ -318,6 +403,31 @@ def _verify(url: str, run_id: str) -> tuple[int, str]:
     with contextlib.redirect_stdout(out):
         code = cli.run_command(["verify", run_id, "--store", url])
     return code, out.getvalue()
+
+
+@pytest.mark.parametrize(("url", "words"), [
+    ("memory://x?signed", "needs a value"), ("memory://x?signed=", "needs a value"), ("memory://x?signed=maybe", "true or"),
+    ("memory://x?signed=1&signed=0", "twice"), ("runs?signed=1", r"file:///absolute/path\?signed=1")])
+def test_a_bad_signed_option_is_a_one_line_error(url, words):
+    from caravanserai.errors import InvalidStoreUrl
+
+    with pytest.raises(InvalidStoreUrl, match=words) as bad:
+        open_store(url)
+    assert "\n" not in str(bad.value)
+
+
+def test_a_signed_and_a_plain_store_of_one_place_never_share_a_writer(tmp_path):
+    """A run open through the plain store is not written unsigned through the signed one: it is locked."""
+    from caravanserai.errors import RunLocked
+
+    plain, signed = open_store(tmp_path.as_uri()), open_store(tmp_path.as_uri() + "?signed=1")
+    with caravanserai.durable("one", store=plain) as outer:
+        outer.checkpoint({"n": 1}, "plain")
+        with pytest.raises(RunLocked), caravanserai.durable("one", store=signed):
+            pass
+    with caravanserai.durable("one", store=signed) as run:
+        run.checkpoint({"n": 2}, "signed")
+    assert [signing.line_signature(line) is not None for line in plain.load("one")][-2:] == [True, True]
 
 
 def test_a_signed_journal_flags_forged_lines_in_every_store_kind(store_url):

@@ -16,6 +16,7 @@ something differs from the parent.
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -81,6 +82,7 @@ def fork(run_id: str, at: int | None = None, new_run_id: str | None = None, stor
     parent = identity_at(events, cut)
     origin = fork_origin(events[0])
     copied = [_body(e) for e in events[1:cut + 1]] + [_body(e) for e in _pending_calls(events, cut)]
+    copied += _signatures_of_copied(resolved, run_id, copied)
     header = {**{k: v for k, v in events[0].items() if k in IDENTITY_FIELDS or k == "denomination"},
               "forked_from": {"run_id": run_id, "seq": point["seq"], "waypoint": point.get("n"), "copied": len(copied),
                               "started_at": origin.get("started_at") if origin else events[0].get("at")}}
@@ -106,6 +108,21 @@ def fork(run_id: str, at: int | None = None, new_run_id: str | None = None, stor
     finally:
         run.close()
     return child
+
+
+def _signatures_of_copied(store: Store, run_id: str, copied: list[dict]) -> list[dict]:
+    """A ``signed`` event with the signatures ``caravanserai sign`` added to the parent (anywhere in its
+    journal, after the fork point too) on the items the fork copies, so they stay signed in the fork.
+    Each is still verified where it is used (runs.trust.judge): copying can add no trust."""
+    from .signed_items import items
+    from .trust import resigned
+
+    lines = [line for line in store.load(run_id) if '"type":"signed"' in line]
+    if not lines:
+        return []
+    found = resigned(json.loads(line) for line in lines)
+    wanted = [record for item in items(copied) for record in found.get((item.kind, item.name, item.sha256), [])]
+    return [{"type": "signed", "items": wanted, "copied_from": run_id}] if wanted else []
 
 
 def _events_to_fork(run_id: str, store: Store, at: int | None) -> list[dict]:

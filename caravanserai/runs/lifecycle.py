@@ -44,12 +44,12 @@ class Registry:
 
     def get(self, run_id: str, store: Store) -> Run | None:
         with self._lock:
-            return self._runs.get((store.url, run_id))
+            return self._runs.get((_key(store), run_id))
 
     def open(self, run_id: str, store: Store, *, attempt: bool = True, started: dict | None = None) -> Run:
         """The writer of ``run_id`` (taking the store's lease on first use); see ``Run`` for ``attempt``."""
         with self._lock:
-            run = self._runs.get((store.url, run_id))
+            run = self._runs.get((_key(store), run_id))
             if run is not None:
                 return run
             lease = store.acquire(run_id)
@@ -63,13 +63,13 @@ class Registry:
             run.on_close = self.forget
             if attempt:
                 run.before_release = self._attempt_ending
-            self._runs[(store.url, run_id)] = run
+            self._runs[(_key(store), run_id)] = run
             return run
 
     def forget(self, run: Run) -> None:
         with self._lock:
-            if self._runs.get((run.store.url, run.run_id)) is run:
-                del self._runs[(run.store.url, run.run_id)]
+            if self._runs.get((_key(run.store), run.run_id)) is run:
+                del self._runs[(_key(run.store), run.run_id)]
 
     def _attempt_ending(self, run: Run) -> None:
         """Tell ``attempt_end_hooks`` that ``run``'s attempt ends (closed, its lease not yet released)."""
@@ -288,6 +288,12 @@ def durable(run_id: str, *, store: Store | str | None = None, definition: Any = 
             run.notebook.capture = None
             if again:
                 _end_reentry(scope, run)
+
+
+def _key(store: Store) -> str:
+    """A store as the writer registry tells them apart: by the URL it was opened with, so a signed
+    (``?signed=1``) and a plain store of the same place never share a writer."""
+    return store.opened_url or store.url
 
 
 def _end_reentry(scope: RunScope, run: Run) -> None:

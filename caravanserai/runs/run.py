@@ -67,8 +67,8 @@ def launch_info() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "caravanserai": __version__,
     }
-    info["launch_signed"] = sign_item("command", "launch", launch_payload(info))  # resume runs it only if trusted
-    return info
+    signed = sign_item("command", "launch", launch_payload(info))  # resume runs it without asking only if trusted
+    return info if signed is None else {**info, "launch_signed": signed}
 
 
 _INDEXED = frozenset({"run_started", "attempt", "waypoint", "progress", "run_completed", "run_failed", "restarted",

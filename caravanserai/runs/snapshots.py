@@ -45,6 +45,7 @@ from ..errors import (
 from ..journal import to_json
 from . import values
 from .trust import Resigned, judge, sign_item
+from .trust import trust_store as trust_store  # the old caravanserai.namespace.trust_store keeps importing
 
 __all__ = ["Snapshotter", "UntrustedPickle", "decode_value", "encode_value"]
 
@@ -112,9 +113,9 @@ def entry_for(name: str, value: Any) -> dict[str, Any]:
 
 
 def decode_value(name: str, codec: str, payload: bytes, extra: dict, *, run_id: str, store_url: str,
-                 resigned: Resigned | None = None, namespace: dict | None = None) -> Any:
-    """The value ``encode_value`` saved. Pickle only under the trust rule (``runs.trust.judge``); an ``object``
-    in ``extra`` is the payload's SHA-256, which the caller has checked (``Snapshotter.decode`` does)."""
+                 resigned: Resigned | None = None, namespace: dict | None = None, sha256: str | None = None) -> Any:
+    """The value ``encode_value`` saved. Pickle only under the trust rule (``runs.trust.judge``);
+    ``sha256``: the payload's digest when the caller has just checked it (a stored object's key)."""
     namespace = namespace or {}
     if codec == "json":
         return json.loads(payload)
@@ -137,9 +138,8 @@ def decode_value(name: str, codec: str, payload: bytes, extra: dict, *, run_id: 
 
         return pd.read_json(io.StringIO(payload.decode("utf-8")), orient="table")
     if codec == "pickle":
-        digest = extra.get("object")  # a stored object's bytes were checked against it (Snapshotter.decode)
-        verdict = judge("pickle", name, digest if isinstance(digest, str) else payload, extra.get("signed"),
-                        run_id=run_id, store_url=store_url, resigned_items=resigned)
+        verdict = judge("pickle", name, sha256 or payload, extra.get("signed"), run_id=run_id, store_url=store_url,
+                        resigned_items=resigned)
         if not verdict.trusted:
             raise UntrustedPickle(f"{verdict.refusal(run_id, 'pickle', name, store_url)} (loading a pickle runs code: "
                                   "not loaded)", name=name, run_id=run_id, store=store_url, key=verdict.key)
@@ -247,7 +247,8 @@ class Snapshotter:
             else:
                 payload = base64.b64decode(entry["data"], validate=True)
             return decode_value(name, codec, payload, entry, run_id=self.run_id, store_url=self.store_url,
-                                resigned=self.resigned, namespace=self.namespace)
+                                resigned=self.resigned, namespace=self.namespace,
+                                sha256=entry["object"] if "object" in entry else None)  # checked just above
         except (KeyError, TypeError, AttributeError, ValueError) as exc:
             if isinstance(exc, CaravanseraiError):
                 raise

@@ -24,8 +24,8 @@ from .. import signing
 from ..errors import SignatureInvalid
 from ..journal import canonical
 
-__all__ = ["TRUST_ENV", "Verdict", "describe", "judge", "launch_payload", "resigned", "sign_digest", "sign_item", "store_trusted",
-           "trust_store", "trust_store_always", "trusted_store_urls"]
+__all__ = ["TRUST_ENV", "Verdict", "describe", "item_bytes", "judge", "launch_payload", "resigned", "sign_digest",
+           "sign_item", "store_trusted", "trust_store", "trust_store_always", "trusted_store_urls"]
 
 TRUST_ENV = "CARAVANSERAI_TRUSTED_STORES"
 _TRUSTED: set[str] = set()
@@ -80,20 +80,29 @@ def describe(kind: str, name: str) -> str:
     return _WHAT.get(kind, kind + " {name!r}").format(name=name)
 
 
-def sign_item(kind: str, name: str, payload: bytes) -> dict[str, str]:
-    """This person's signature on an item, as the item carries it (``{"key", "sig"}``)."""
-    return sign_digest(kind, name, signing.sha256(payload))
+def sign_item(kind: str, name: str, payload: bytes) -> dict[str, str] | None:
+    """This person's signature on an item, as the item carries it (``{"key", "sig"}``); None when they
+    have no usable key (``signing.signer`` says so once): the item is written unsigned."""
+    me = signing.signer()
+    return None if me is None else {"key": me.public, "sig": me.sign(signing.item_message(kind, name,
+                                                                                          signing.sha256(payload)))}
 
 
 def sign_digest(kind: str, name: str, sha256: str) -> dict[str, str]:
-    """``sign_item`` for an item known by its SHA-256 (``caravanserai sign``)."""
+    """This person's signature on an item known by its SHA-256 (``caravanserai sign``: KeyFileInvalid without a key)."""
     me = signing.identity()
     return {"key": me.public, "sig": me.sign(signing.item_message(kind, name, sha256))}
 
 
 def launch_payload(event: dict) -> bytes:
     """The bytes a recorded launch's signature covers: what would run, and where."""
-    return canonical({k: event.get(k) for k in ("command", "orig_argv", "cwd")}).encode("utf-8")
+    return item_bytes({k: event.get(k) for k in ("command", "orig_argv", "cwd")})
+
+
+def item_bytes(value: Any) -> bytes:
+    """A JSON item's bytes as signed: canonical JSON; a lone surrogate (an undecodable argv byte) passes
+    through here, and the journal then refuses it with its own one-line error."""
+    return canonical(value).encode("utf-8", "surrogatepass")
 
 
 def resigned(events: Iterable[dict]) -> Resigned:
@@ -111,11 +120,13 @@ def resigned(events: Iterable[dict]) -> Resigned:
 @dataclass(frozen=True)
 class Verdict:
     """Whether an item may be used: ``by`` says on whose word ("yours", a trusted key's name, "trusted
-    store"), or why not ("unsigned", "signed by a key you do not trust"); ``key`` signed it, if anyone."""
+    store"), or why not ("unsigned", "signed by a key you do not trust"); ``key`` signed it, if anyone;
+    ``ignored`` counts signatures in ``signed`` events that did not verify (left out, for ``verify``)."""
 
     trusted: bool
     by: str
     key: str | None = None
+    ignored: int = 0
 
     def refusal(self, run_id: str, kind: str, name: str, store_url: str) -> str:
         """Why the item was not used and what to do, in one sentence (for an untrusted verdict)."""
@@ -130,26 +141,36 @@ class Verdict:
 
 def judge(kind: str, name: str, payload: bytes | str, signed: Any, *, run_id: str, store_url: str,
           resigned_items: Resigned | None = None) -> Verdict:
-    """The trust rule for one item (``payload``: its bytes as signed, or their SHA-256 in hex). SignatureInvalid
-    if any signature on it does not verify; otherwise trusted by a key, by the store's explicit trust, or not."""
+    """The trust rule for one item (``payload``: its bytes as signed, or their SHA-256 in hex).
+
+    SignatureInvalid if the signature the item carries does not verify. A signature a ``signed`` event
+    added that does not verify is left out (``Verdict.ignored``): anyone who can append could add one,
+    and it must not make an intact item unusable. Otherwise: trusted by a key, by the store's explicit
+    trust, or not at all."""
     digest = payload if isinstance(payload, str) else signing.sha256(payload)
-    records = [] if signed is None else [signed]
-    if resigned_items:
-        records += resigned_items.get((kind, name, digest), [])
     message = signing.item_message(kind, name, digest)
     keys = signing.trusted_keys()
-    unknown = None
-    for record in records:
-        key = record.get("key") if isinstance(record, dict) else None
-        if not (isinstance(key, str) and signing.verify(key, message, record.get("sig"))):
-            shown = key if isinstance(key, str) else "no key"
+    found: list[str] = []
+    if signed is not None:
+        key = signed.get("key") if isinstance(signed, dict) else None
+        if not (isinstance(key, str) and signing.verify(key, message, signed.get("sig"))):
+            shown = signing.short(key) if key is not None else "no key"
             raise SignatureInvalid(
-                f"the signature on {describe(kind, name)} of run {run_id!r} does not verify ({shown[:60]}): it was "
+                f"the signature on {describe(kind, name)} of run {run_id!r} does not verify ({shown}): it was "
                 "altered, or the item was swapped after signing; refused, nothing was loaded or run",
-                run_id=run_id, item=name, kind=kind, key=shown[:60])
-        if key in keys:
-            return Verdict(True, keys[key], key)
-        unknown = key
+                run_id=run_id, item=name, kind=kind, key=shown)
+        found.append(key)
+    ignored = 0
+    for record in (resigned_items or {}).get((kind, name, digest), []):
+        key = record.get("key")
+        if isinstance(key, str) and signing.verify(key, message, record.get("sig")):
+            found.append(key)
+        else:
+            ignored += 1
+    trusted = next((key for key in found if key in keys), None)
+    if trusted is not None:
+        return Verdict(True, keys[trusted], trusted, ignored)
+    unknown = found[0] if found else None
     if store_trusted(store_url):
-        return Verdict(True, "trusted store", unknown)
-    return Verdict(False, "unsigned" if unknown is None else "signed by a key you do not trust", unknown)
+        return Verdict(True, "trusted store", unknown, ignored)
+    return Verdict(False, "unsigned" if unknown is None else "signed by a key you do not trust", unknown, ignored)

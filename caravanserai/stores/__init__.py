@@ -108,6 +108,9 @@ def open_store(url: StoreLike = None) -> Store:
     scheme = url.split("://", 1)[0].lower() if "://" in url else "file"
     if scheme == "file" and "://" not in url:
         _refuse_scheme_without_slashes(url)
+        if re.search(r"\?(?:.*&)?signed(?:=|&|$)", url):
+            raise InvalidStoreUrl(f"{url!r} is a path, which takes no options: write file:///absolute/path?signed=1 "
+                                  "for a signed local journal", url=url, option="signed")
         url = os.path.abspath(os.path.expanduser(url))
     cached = _OPEN.get(url)
     if cached is not None:
@@ -144,6 +147,9 @@ def _signed_option(url: str) -> tuple[str, bool]:
         return url, False
     pairs = [pair for pair in query.split("&") if pair]
     mine = [pair for pair in pairs if pair.split("=", 1)[0] == "signed"]
+    if any("=" not in pair or not pair.split("=", 1)[1] for pair in mine):
+        raise InvalidStoreUrl(f"option signed in {redact(url)!r} needs a value: signed=1 (sign every journal line) or "
+                              "signed=0", url=redact(url), option="signed")
     if not mine:
         return url, False
     if len(mine) > 1:
