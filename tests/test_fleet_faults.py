@@ -5,11 +5,18 @@ restarted) and the moto S3 server."""
 
 from __future__ import annotations
 
+import os
+import random
+import signal
+import subprocess
+import sys
 import threading
+import time
 import uuid
+from pathlib import Path
 
 import pytest
-from conftest import need
+from conftest import need, need_module
 
 import caravanserai
 from caravanserai.errors import LeaseLost, RunLocked, StoreUnavailable
@@ -122,4 +129,124 @@ def test_a_missing_bucket_is_named_not_reported_as_a_locked_run(s3):
         with caravanserai.durable("r", store=url) as run:
             run.checkpoint({"i": 1}, "never")
     assert not isinstance(raised.value, RunLocked)
-    assert "the bucket (or container) does not exist" in str(raised.value) and "\n" not in str(raised.value)
+    assert "the bucket (or container) does not exist (NoSuchBucket)" in str(raised.value) and "\n" not in str(raised.value)
+
+
+# ---- a fleet under faults: SIGKILL a quarter, SIGSTOP one past its lease, restart the server ---------
+FLEET_CHILD = str(Path(__file__).parent / "children" / "fleet_writer.py")
+TTL_S = 3.0
+
+
+class Fleet:
+    """Writer processes on one store, one run each (``fleet_writer.py``), with their acknowledgements."""
+
+    def __init__(self, url: str, root: Path, env: dict) -> None:
+        self.url, self.root, self.env = url, root, env
+        self.procs: dict[str, list[subprocess.Popen]] = {}
+
+    def start(self, run_id: str) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, FLEET_CHILD, self.url, run_id, str(self.root / f"{run_id}.acks")],
+                                env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.procs.setdefault(run_id, []).append(proc)
+        return proc
+
+    def acks(self, run_id: str) -> list[int]:
+        path = self.root / f"{run_id}.acks"
+        return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+    def wait_for(self, run_id: str, count: int, timeout: float = 120) -> float:
+        """Seconds until ``run_id`` has ``count`` acknowledgements in all."""
+        started = time.monotonic()
+        while len(self.acks(run_id)) < count:
+            assert time.monotonic() - started < timeout, f"{run_id}: stuck at {len(self.acks(run_id))} acks"
+            time.sleep(0.02)
+        return time.monotonic() - started
+
+    def stop(self) -> None:
+        for procs in self.procs.values():
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGCONT)
+                    proc.terminate()
+        for procs in self.procs.values():
+            for proc in procs:
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+
+@pytest.fixture(params=["postgres", "s3", "http"])
+def fleet_store(request, private_pg, tmp_path):
+    """(url, restart or None) for a fleet: PostgreSQL (restarted with pg_ctl), S3 on moto, and the journal
+    service in front of PostgreSQL (SIGKILLed and started again on its port)."""
+    if request.param == "postgres":
+        yield _pg_url(private_pg), private_pg.restart
+    elif request.param == "s3":
+        s3 = request.getfixturevalue("s3")
+        bucket = f"fleet-{uuid.uuid4().hex[:10]}"
+        s3.create_bucket(bucket)
+        yield (f"s3://{bucket}/p?endpoint={s3.endpoint}&region=us-east-1&access_key_id=testing"
+               "&secret_access_key=testing&lease_ttl_ms=3000"), None
+    else:
+        need_module("httpx", "http")
+        from servers.journal_service import JournalServiceProcess
+
+        backing, token = _pg_url(private_pg), "fleet-token-0123456789abcdef"
+        service = [JournalServiceProcess(backing, token)]
+
+        def restart() -> None:
+            service[0].kill()
+            service.append(JournalServiceProcess(backing, token, port=service[0].port))
+
+        try:
+            yield f"{service[0].url}/?token={token}&lease_ttl_ms=3000", restart
+        finally:
+            service[-1].stop()
+
+
+def test_a_fleet_loses_nothing_under_sigkill_sigstop_and_a_server_restart(fleet_store, tmp_path, child_env):
+    url, restart = fleet_store
+    fleet = Fleet(url, tmp_path, child_env)
+    runs = [f"w{n}-{uuid.uuid4().hex[:6]}" for n in range(8)]
+    try:
+        for run_id in runs:
+            fleet.start(run_id)
+        for run_id in runs:
+            fleet.wait_for(run_id, 3, timeout=120)
+        killed, paused = runs[:2], runs[2]
+        takeovers = []
+        for run_id in killed:  # a quarter of the fleet, SIGKILLed mid-append; new processes take their runs
+            time.sleep(random.uniform(0.0, 0.2))
+            os.kill(fleet.procs[run_id][0].pid, signal.SIGKILL)
+            fleet.procs[run_id][0].wait()
+            before = len(fleet.acks(run_id))
+            fleet.start(run_id)
+            takeovers.append(fleet.wait_for(run_id, before + 1))
+        holder = fleet.procs[paused][0]
+        os.kill(holder.pid, signal.SIGSTOP)  # paused past its lease while another process takes the run
+        time.sleep(TTL_S + 0.5)
+        before = len(fleet.acks(paused))
+        fleet.start(paused)
+        fleet.wait_for(paused, before + 3)
+        os.kill(holder.pid, signal.SIGCONT)
+        out, _ = holder.communicate(timeout=30)
+        assert holder.returncode == 3 and "LEASE LOST lease_lost" in out, out  # fenced off, with a typed error
+        if restart is not None:  # the server goes away under the writers and comes back
+            counts = {run_id: len(fleet.acks(run_id)) for run_id in runs}
+            restart()
+            for run_id in runs:  # every writer appends again by itself (how fast: benchmarks/bench_fleet.py)
+                fleet.wait_for(run_id, counts[run_id] + 2)
+        for run_id in runs:
+            fleet.wait_for(run_id, len(fleet.acks(run_id)) + 1)
+    finally:
+        fleet.stop()
+    store = open_store(url)
+    for run_id in runs:
+        steps = _waypoints(store, run_id)
+        acked = fleet.acks(run_id)
+        assert steps == list(range(len(steps))), f"{run_id}: a gap or a duplicate in {steps}"
+        assert set(acked) <= set(steps), f"{run_id}: acknowledged {sorted(set(acked) - set(steps))} are missing"
+        assert len(acked) == len(set(acked)), f"{run_id}: a step acknowledged twice"
+    assert len(takeovers) == len(killed)  # each killed writer's run was taken over (how fast: bench_fleet.py)
+    caravanserai.runs.close_all()

@@ -1,7 +1,7 @@
 """Several processes on one shared store: progress read while writing, takeover after a SIGKILL once
 the lease expires, and a writer paused past its lease (SIGSTOP/SIGCONT) that can no longer append.
 
-Run on PostgreSQL (real server), S3 (moto on loopback) and SQLite, with 3-second leases.
+Run on PostgreSQL (real server), S3 (moto on loopback), SQLite and the journal service, with 3-second leases.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import need_module
 
 import caravanserai
 from caravanserai.runs import read_events
@@ -39,7 +40,19 @@ def s3_url(s3):
     return make
 
 
-@pytest.fixture(params=["postgres", "s3", "sqlite"])
+@pytest.fixture
+def http_url(tmp_path):
+    """The journal service in front of a SQLite file, in a child process on loopback."""
+    need_module("httpx", "http")
+    from servers.journal_service import JournalServiceProcess
+
+    token = "takeover-token-0123456789abcdef"
+    service = JournalServiceProcess(f"sqlite:///{tmp_path}/behind-service.db?lease_ttl_ms={TTL_MS}", token)
+    yield lambda: f"{service.url}/?token={token}&lease_ttl_ms={TTL_MS}"
+    service.stop()
+
+
+@pytest.fixture(params=["postgres", "s3", "sqlite", "http"])
 def store_url(request, tmp_path):
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/shared.db?lease_ttl_ms={TTL_MS}"

@@ -70,7 +70,7 @@ from ..errors import (
     StoreUnavailable,
 )
 from ..ids import validate_run_id
-from .base import Lease, Objects, Store, describe_holder
+from .base import Lease, Objects, Store, describe_holder, holder_is_dead
 from .http import PROTOCOL, TOKEN_ENV, HttpStore, HttpTokenRequired, is_loopback
 from .leases import DEFAULT_TTL_MS, check_lease_ttl
 
@@ -227,6 +227,9 @@ class JournalService:
         lease_id = holder.get("lease") if isinstance(holder.get("lease"), str) else None
         with self._lock(run_id):
             current = self._current(run_id)
+            if current is not None and holder_is_dead(current.holder):  # a client killed on the service's machine
+                self._drop(run_id, current)
+                current = None
             if current is not None:
                 if lease_id is not None and current.lease_id == lease_id:  # a retry of an acquire that succeeded
                     current.expires_at = self.clock() + current.ttl

@@ -72,7 +72,7 @@ def is_panic(error: BaseException) -> bool:
     return type(error).__name__ == "PanicException"
 
 
-_NO_BUCKET = re.compile(r"NoSuchBucket|ContainerNotFound|The specified bucket does not exist")
+_NO_BUCKET = re.compile(r"NoSuchBucket|ContainerNotFound")
 
 
 def describe_failure(error: BaseException, description: str) -> StoreUnavailable:
@@ -82,9 +82,10 @@ def describe_failure(error: BaseException, description: str) -> StoreUnavailable
     if _METADATA.search(text):
         return StoreUnavailable(f"object store {description} has no credentials: "
                                 f"{CREDENTIAL_HINTS.get(scheme, _GENERIC_HINT)}", url=description)
-    if _NO_BUCKET.search(text):
-        return StoreUnavailable(f"object store {description}: the bucket (or container) does not exist; create it, or fix "
-                                "the bucket in the store URL", url=description)
+    missing = _NO_BUCKET.search(text)
+    if missing:
+        return StoreUnavailable(f"object store {description}: the bucket (or container) does not exist ({missing.group()}); "
+                                "create it, or fix the bucket in the store URL", url=description)
     line = redact(first_line(error))
     cut = line.find(": <?xml")
     if cut >= 0:  # the server's XML error body: keep its code and message, not the markup
