@@ -70,6 +70,19 @@ def test_writers_continue_after_a_postgresql_restart_on_the_same_cached_store(pr
     caravanserai.runs.close_all()
 
 
+def test_two_tables_on_one_server_never_share_a_writer(private_pg):
+    """The table is a URL option, so two stores on one server share their ``url``: the writer of a run in
+    one must never write the other's (it did, through the process's writer registry)."""
+    a, b = open_store(_pg_url(private_pg)), open_store(_pg_url(private_pg))
+    assert a.url == b.url and a is not b
+    caravanserai.checkpoint("same-id", {"i": 0}, "in a", store=a)
+    caravanserai.checkpoint("same-id", {"i": 0}, "in b", store=b)
+    caravanserai.checkpoint("same-id", {"i": 1}, "in a again", store=a)
+    notes = {name: [e["note"] for e in s.events("same-id") if e["type"] == "waypoint"] for name, s in (("a", a), ("b", b))}
+    assert notes == {"a": ["in a", "in a again"], "b": ["in b"]}
+    caravanserai.runs.close_all()
+
+
 def test_an_error_in_the_block_survives_a_store_that_cannot_record_it(private_pg, capsys):
     url = _pg_url(private_pg)
     store = open_store(url)

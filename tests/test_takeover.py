@@ -140,15 +140,20 @@ def test_writer_paused_past_its_lease_cannot_append(store_url, child_env):
     assert taker == len(waypoints) - 1  # nothing the woken writer tried landed after the takeover
 
 
-def test_a_dead_holder_on_this_machine_is_taken_over_at_once(store_url, child_env):
-    """A killed writer (kill -9, a killed kernel) on this machine: its lease goes at once, not after its TTL;
-    its token is fenced off all the same."""
+@pytest.mark.parametrize("reaped", [True, False], ids=["reaped", "zombie"])
+def test_a_dead_holder_on_this_machine_is_taken_over_at_once(store_url, child_env, reaped):
+    """A killed writer (kill -9, a killed kernel) on this machine: its lease goes at once, not after its TTL,
+    also while its parent has not reaped it yet (a zombie); its token is fenced off all the same."""
     run_id = "dead-holder"
     writer = _writer(store_url, run_id, 1000, 0.05, child_env)
     try:
         _read_until(writer, 2)
         os.kill(writer.pid, signal.SIGKILL)
-        writer.wait()
+        if reaped:
+            writer.wait()
+        else:
+            while Path(f"/proc/{writer.pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] != b"Z":
+                time.sleep(0.01)
         killed_at = time.monotonic()
         n = caravanserai.checkpoint(run_id, {"step": -1, "by": "successor"}, "taken over", store=store_url)
         assert time.monotonic() - killed_at < TTL_MS / 1000  # well before the dead writer's lease would expire
@@ -156,7 +161,8 @@ def test_a_dead_holder_on_this_machine_is_taken_over_at_once(store_url, child_en
         if writer.poll() is None:
             writer.kill()
     events = read_events(run_id, store=store_url)
-    assert events[-1]["type"] == "waypoint" and events[-1]["n"] == n and events[-1]["note"] == "taken over"
+    assert events[-1]["type"] == "waypoint" and events[-1]["n"] == n and events[-1]["note"] == "taken over", \
+        [(e["seq"], e["type"], e.get("n"), e.get("note")) for e in events]
     assert sum(e["type"] in ("run_started", "attempt") for e in events) == 2
 
 

@@ -40,7 +40,7 @@ class Registry:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._runs: dict[tuple[str, str], Run] = {}
+        self._runs: dict[tuple[Store, str], Run] = {}
 
     def get(self, run_id: str, store: Store) -> Run | None:
         with self._lock:
@@ -290,10 +290,11 @@ def durable(run_id: str, *, store: Store | str | None = None, definition: Any = 
                 _end_reentry(scope, run)
 
 
-def _key(store: Store) -> str:
-    """A store as the writer registry tells them apart: by the URL it was opened with, so a signed
-    (``?signed=1``) and a plain store of the same place never share a writer."""
-    return store.opened_url or store.url
+def _key(store: Store) -> Store:
+    """A store as the writer registry tells them apart: the store itself (``open_store`` gives one per
+    URL). Not its ``url``: two PostgreSQL tables on one server share it (the table is an option), and a
+    signed (``?signed=1``) and a plain store of one place must never share a writer either."""
+    return store
 
 
 def _end_reentry(scope: RunScope, run: Run) -> None:

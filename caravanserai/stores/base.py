@@ -127,7 +127,16 @@ def holder_is_dead(holder: dict[str, Any] | None) -> bool:
         return True
     except OSError:
         return False  # alive, another user's
-    return False
+    return _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """True for a killed process its parent has not reaped yet (state Z): dead, though ``kill(pid, 0)`` works."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def describe_holder(holder: dict[str, Any] | None) -> str:
