@@ -315,6 +315,15 @@ def fmt_load(load: Sequence[float] | None) -> str:
 
 
 # ---- timing -----------------------------------------------------------------------------------
+def sleep_until(t: float) -> None:
+    """Sleep until the wall-clock time ``t`` (``time.time()``): processes meet at a shared start."""
+    while True:
+        left = t - time.time()
+        if left <= 0:
+            return
+        time.sleep(min(left, 0.05))
+
+
 def time_each(n: int, fn: Callable[[int], Any], warmup: int = 0) -> list[float]:
     """``fn(-1 - i)`` ``warmup`` times untimed, then ``fn(i)`` for i in range(n), each timed on its own (s)."""
     for i in range(warmup):

@@ -38,7 +38,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _common, also under python -I
-from _common import HttpFloor, emit_result, which_caravanserai  # noqa: E402
+from _common import HttpFloor, emit_result, sleep_until, which_caravanserai  # noqa: E402
 
 RECORD = (b"x" * 151) + b"\n"  # about one journal line of {"i": i} with its note
 POLL = 0.005
@@ -64,14 +64,6 @@ class Sync:
             time.sleep(POLL)
         window = json.loads(path.read_text())
         return float(window["start"]), float(window["end"])
-
-
-def sleep_until(t: float) -> None:
-    while True:
-        left = t - time.time()
-        if left <= 0:
-            return
-        time.sleep(min(left, 0.05))
 
 
 # ---- writer ----------------------------------------------------------------------------------------

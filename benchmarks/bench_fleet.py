@@ -92,6 +92,7 @@ from _common import (
     save_results,
     say,
     say_verdict,
+    sleep_until,
     versions_of,
     workdir,
     worker_command,
@@ -113,14 +114,6 @@ FLOOR_TABLE = "fleet_floor"
 PG_RATIO_TARGET, P99_TARGET, TAKEOVER_SLACK_S, RESTART_TARGET_S = 0.5, 10.0, 1.0, 5.0
 HTTP_SCALE_TARGET, HTTP_CPU_TARGET_US = 4.0, 200.0
 CLK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def sleep_until(t: float) -> None:
-    while True:
-        left = t - time.time()
-        if left <= 0:
-            return
-        time.sleep(min(left, 0.05))
 
 
 def with_options(url: str, **options: object) -> str:
