@@ -40,7 +40,7 @@ class Registry:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._runs: dict[tuple[Store, str], Run] = {}
+        self._runs: dict[tuple[tuple, str], Run] = {}
 
     def get(self, run_id: str, store: Store) -> Run | None:
         with self._lock:
@@ -290,11 +290,12 @@ def durable(run_id: str, *, store: Store | str | None = None, definition: Any = 
                 _end_reentry(scope, run)
 
 
-def _key(store: Store) -> Store:
-    """A store as the writer registry tells them apart: the store itself (``open_store`` gives one per
-    URL). Not its ``url``: two PostgreSQL tables on one server share it (the table is an option), and a
-    signed (``?signed=1``) and a plain store of one place must never share a writer either."""
-    return store
+def _key(store: Store) -> tuple:
+    """A store as the writer registry tells them apart: the place (its canonical ``url``, so a path and
+    its ``file://`` URL share one writer), the table (two PostgreSQL tables on one server share a
+    ``url``: the table is an option), and whether it signs its journal (a signed and a plain store of
+    one place never share a writer)."""
+    return type(store).__name__, store.url, getattr(store, "table", None), store.journal_signer is not None
 
 
 def _end_reentry(scope: RunScope, run: Run) -> None:

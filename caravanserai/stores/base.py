@@ -131,10 +131,13 @@ def holder_is_dead(holder: dict[str, Any] | None) -> bool:
 
 
 def _zombie(pid: int) -> bool:
-    """True for a killed process its parent has not reaped yet (state Z): dead, though ``kill(pid, 0)`` works."""
+    """True for a killed process its parent has not reaped yet (state Z, no thread left): dead, though
+    ``kill(pid, 0)`` works. (A process whose main thread exited while others run shows Z too: not dead.)"""
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+            if stat.read().rsplit(b")", 1)[1].split()[0] != b"Z":
+                return False
+        return len(os.listdir(f"/proc/{pid}/task")) <= 1
     except (OSError, IndexError):
         return False
 

@@ -82,15 +82,17 @@ class ExpiringLease(Lease):
     def renew(self) -> None:
         """Renew now if a third of the TTL has passed since the last renewal (cheap otherwise)."""
         self.check()
-        if time.monotonic() >= self._deadline - 0.6 * self.ttl:
-            self._renew_now(due=0.6)
+        deadline = self._deadline
+        if time.monotonic() >= deadline - 0.6 * self.ttl:
+            self._renew_now(seen=deadline)
 
-    def _renew_now(self, due: float = 0.6) -> None:
-        """Renew unless another thread renewed while this one waited (less than ``(0.9 - due) * ttl`` ago)."""
+    def _renew_now(self, seen: float | None = None) -> None:
+        """Renew, unless another thread renewed while this one waited for the lock (the deadline it
+        ``seen`` moved): two renewals at once would race each other's compare-and-swap."""
         with self._renewing:
-            started = time.monotonic()
-            if started < self._deadline - due * self.ttl or self._released or self._lost is not None:
+            if (seen is not None and self._deadline != seen) or self._released or self._lost is not None:
                 return
+            started = time.monotonic()
             if started >= self._deadline:
                 self._lost = "its deadline passed before a renewal"
                 self.check()
@@ -103,13 +105,23 @@ class ExpiringLease(Lease):
 
     def _release(self) -> None:
         self._stop.set()
-        with self._renewing:  # not in the middle of a renewal's compare-and-swap
+        # not in the middle of a renewal's compare-and-swap; but a renewal stuck on a store that does not
+        # answer must not hold up the release (Ctrl-C, exit): then the lease expires on its own
+        if not self._renewing.acquire(timeout=max(0.1, min(5.0, self._deadline - time.monotonic()))):
+            self._abandon()
+            return
+        try:
             if self._lost is None:
                 try:
                     self._release_remote()
                 except Exception:  # it expires on its own; this process may take it over before that
-                    if isinstance(self.holder.get("lease"), str):
-                        ABANDONED_LEASES.add(self.holder["lease"])
+                    self._abandon()
+        finally:
+            self._renewing.release()
+
+    def _abandon(self) -> None:
+        if isinstance(self.holder.get("lease"), str):
+            ABANDONED_LEASES.add(self.holder["lease"])
 
     @abstractmethod
     def _renew(self) -> None:
@@ -126,7 +138,7 @@ def _renew_loop(ref: weakref.ref[ExpiringLease], stop: threading.Event, every: f
         if lease is None or lease._released or lease._lost is not None:
             return
         try:
-            lease._renew_now(due=0.7)  # every ttl/3; a renewal by the append path meanwhile counts
+            lease._renew_now(seen=lease._deadline)  # every ttl/3, unless the append path renews meanwhile
         except LeaseLost:
             return
         except Exception:

@@ -72,7 +72,8 @@ def is_panic(error: BaseException) -> bool:
     return type(error).__name__ == "PanicException"
 
 
-_NO_BUCKET = re.compile(r"NoSuchBucket|ContainerNotFound")
+# the server's error code, never a key that happens to contain the word
+_NO_BUCKET = re.compile(r"(?<=\()(NoSuchBucket|ContainerNotFound)(?=: )|(?<=<Code>)(NoSuchBucket|ContainerNotFound)(?=</Code>)")
 
 
 def describe_failure(error: BaseException, description: str) -> StoreUnavailable:

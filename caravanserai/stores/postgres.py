@@ -12,6 +12,7 @@ and a server that cannot be reached is ``StoreUnavailable``. Needs
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlunsplit
@@ -38,9 +39,9 @@ def psycopg_exec(dsn: str) -> Any:
         raise MissingExtra("postgresql:// stores need psycopg 3: pip install 'caravanserai[postgres]'", extra="postgres") from exc
     shown = _redact(dsn)
 
-    def connect() -> Any:
+    def connect(timeout: int = 10) -> Any:
         try:
-            return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+            return psycopg.connect(dsn, autocommit=True, connect_timeout=timeout)
         except psycopg.Error as exc:
             reason = redact(first_line(exc))
             if not isinstance(exc, psycopg.ProgrammingError) and not _BAD_OPTION.search(reason):
@@ -56,7 +57,14 @@ def psycopg_exec(dsn: str) -> Any:
     def run(query: str, params: Sequence[Any]) -> list:  # the store serializes its calls (SqlStore.exec)
         conn = run.connection  # type: ignore[attr-defined]
         if conn.closed:  # dropped under an earlier statement (psycopg marks it broken and closed)
-            conn = run.connection = connect()  # type: ignore[attr-defined]
+            if run.closed:  # type: ignore[attr-defined]  # the store was closed: it stays closed
+                raise StoreUnavailable(f"the store {shown} was closed; open it again with open_store", url=shown)
+            if time.monotonic() < run.retry_at:  # type: ignore[attr-defined]  # fail fast between tries
+                raise StoreUnavailable(f"PostgreSQL at {shown} could not be reached a moment ago (it dropped the "
+                                       "connection); try again in a second", url=shown)
+            run.retry_at = time.monotonic() + 0.5  # type: ignore[attr-defined]
+            conn = run.connection = connect(timeout=3)  # type: ignore[attr-defined]
+            run.retry_at = 0.0  # type: ignore[attr-defined]
         text = converted.get(query)
         if text is None:
             text = converted[query] = re.sub(r"\$\d+", "%s", query)
@@ -64,6 +72,8 @@ def psycopg_exec(dsn: str) -> Any:
         return cur.fetchall() if cur.description else []
 
     run.connection = connect()  # type: ignore[attr-defined]
+    run.closed = False  # type: ignore[attr-defined]
+    run.retry_at = 0.0  # type: ignore[attr-defined]
     return run
 
 
@@ -101,4 +111,6 @@ class PostgresStore(SqlStore):
         return cls(dsn, **options)
 
     def _close(self) -> None:
-        self._exec.connection.close()
+        with self._lock:  # not while a statement (or a reconnect) runs
+            self._exec.closed = True
+            self._exec.connection.close()

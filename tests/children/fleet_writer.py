@@ -1,12 +1,13 @@
 """Child for tests/test_fleet_faults.py: one writer of a fleet, checkpointing its own run until told to stop.
 
-    python fleet_writer.py STORE_URL RUN_ID ACK_PATH
+    python fleet_writer.py STORE_URL RUN_ID ACK_PATH [exit-on-lease-lost]
 
 Continues the run from its last waypoint (state {"i": N}: the next is N + 1). After each acknowledged
 checkpoint it appends "N\\n" to ACK_PATH (flushed, so a SIGKILL keeps what was acknowledged).
 - StoreUnavailable (a server restarting): one line on stderr, then a fresh durable() on the same run.
 - RunLocked (a predecessor's lease not yet expired): wait and try again.
-- LeaseLost (fenced off after a pause): "LEASE LOST" on stdout, exit 3.
+- LeaseLost: with exit-on-lease-lost (a holder paused past its lease and fenced off), "LEASE LOST" on
+  stdout and exit 3; otherwise (the journal service restarted and forgot the lease) a fresh durable().
 SIGTERM ends the loop after the current checkpoint and closes the run (exit 0).
 """
 
@@ -17,6 +18,7 @@ import time
 import caravanserai
 
 url, run_id, ack_path = sys.argv[1], sys.argv[2], sys.argv[3]
+exit_on_lease_lost = sys.argv[4:] == ["exit-on-lease-lost"]
 stopping = []
 signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
 with open(ack_path, "a", encoding="utf-8") as acks:
@@ -31,8 +33,10 @@ with open(ack_path, "a", encoding="utf-8") as acks:
                     i += 1
                     time.sleep(0.02)
         except caravanserai.LeaseLost as exc:
-            print("LEASE LOST", exc.code, flush=True)
-            sys.exit(3)
+            if exit_on_lease_lost:
+                print("LEASE LOST", exc.code, flush=True)
+                sys.exit(3)
+            print(f"{exc.code}: {exc}", file=sys.stderr, flush=True)
         except caravanserai.RunLocked:
             time.sleep(0.1)
         except caravanserai.StoreUnavailable as exc:
