@@ -458,29 +458,38 @@ def load_helper(name: str) -> Any:
 
 
 class HttpFloor:
-    """The journal service's floor operation: a bare POST of ``record`` to ``/health`` on one httpx
-    keep-alive client, then, with ``sync_path``, ``os.write`` + ``os.fdatasync`` of the same bytes in
-    that file (the service's disk). Call it as ``floor(i)``: for ``i >= 0`` (a timed call of
-    ``time_each``) the two parts go to ``post`` and ``fsync`` (s); ``status`` counts the answers."""
+    """The journal service's floor operation: a bare POST of ``record`` to ``/health`` on one keep-alive
+    ``http.client`` connection (the standard library, as the HTTP store's own requests), then, with
+    ``sync_path``, ``os.write`` + ``os.fdatasync`` of the same bytes in that file (the service's disk).
+    Call it as ``floor(i)``: for ``i >= 0`` (a timed call of ``time_each``) the two parts go to ``post``
+    and ``fsync`` (s); ``status`` counts the answers."""
 
     def __init__(self, url: str, record: bytes, sync_path: str | Path | None = None) -> None:
-        import httpx
+        import http.client
+        from urllib.parse import urlsplit
 
-        self.base, self.record = url.split("?", 1)[0].rstrip("/"), record
-        self.client = httpx.Client(timeout=10)
+        parts = urlsplit(url)
+        self.path, self.record = parts.path.rstrip("/") + "/health", record
+        self.client = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
         self.sync = sync_appender(sync_path, record) if sync_path is not None else None
         self.post: list[float] = []
         self.fsync: list[float] = []
         self.status: dict[int, int] = {}
 
+    def request(self, method: str, body: bytes | None) -> int:
+        """One request to ``/health`` on the kept-alive connection; its status."""
+        self.client.request(method, self.path, body=body, headers={"Content-Type": "application/octet-stream"})
+        answer = self.client.getresponse()
+        answer.read()
+        return answer.status
+
     def __call__(self, i: int = -1) -> None:
         t = time.perf_counter()
-        answer = self.client.post(self.base + "/health", content=self.record,
-                                  headers={"Content-Type": "application/octet-stream"})
+        status = self.request("POST", self.record)
         t2 = time.perf_counter()
         if self.sync is not None:
             self.sync()
-        self.status[answer.status_code] = self.status.get(answer.status_code, 0) + 1
+        self.status[status] = self.status.get(status, 0) + 1
         if i >= 0:
             self.post.append(t2 - t)
             if self.sync is not None:
@@ -499,7 +508,7 @@ def floor_http(url: str, n: int, warmup: int, record: bytes, *, sync_path: str |
     floor = HttpFloor(url, record, sync_path)
     try:
         samples = time_each(n, floor, warmup)
-        get = time_each(get_n, lambda i: floor.client.get(floor.base + "/health")) if get_n else []
+        get = time_each(get_n, lambda i: floor.request("GET", None)) if get_n else []
     finally:
         floor.close()
     out: dict[str, Any] = {"samples_us": to_us(samples), "post": describe(floor.post), "status_codes": floor.status}
@@ -507,7 +516,7 @@ def floor_http(url: str, n: int, warmup: int, record: bytes, *, sync_path: str |
         out["fsync"] = describe(floor.fsync)
         out["what"] = f"POST {len(record)} B to /health + os.write + os.fdatasync on the service's disk"
     else:
-        out["what"] = f"POST of {len(record)} B to /health (httpx keep-alive)"
+        out["what"] = f"POST of {len(record)} B to /health (http.client keep-alive)"
     if get_n:
         out["get_health"] = describe(to_us(get), scale=1)
     return out

@@ -9,11 +9,11 @@ Modes (``RECORD`` is a 152 B record, the size of ours' journal line for ``{"i": 
 - ``floor_pg``      a bare single-row ``INSERT`` + COMMIT (autocommit psycopg connection);
 - ``floor_s3``      a bare ``obstore.put`` of RECORD to a new key on the same S3 server (plus
                     ``mode="create"`` on a quarter as many keys, reported apart);
-- ``floor_http``    a bare POST of RECORD to the journal service (``/health``), httpx keep-alive;
+- ``floor_http``    a bare POST of RECORD to the journal service (``/health``), http.client keep-alive;
 - ``ours``          ``with caravanserai.durable(id, store=URL) as run: run.checkpoint({"i": i}, "note")``,
                     ``--warmup`` untimed checkpoints, then ``--n`` timed ones; the store's ``append``
                     and the I/O call under it (fdatasync / the SQL driver / ``obstore.put`` /
-                    ``httpx.Client.request``) are timed on the side (main thread only);
+                    ``http_wire.Wire.request``) are timed on the side (main thread only);
 - ``lg_pg``         LangGraph ``PostgresSaver``, ``durability="sync"``: a 1-node ``StateGraph``
                     looping ``--n`` super-steps (one checkpoint each); a sample is the gap between
                     consecutive node entries;
@@ -43,6 +43,7 @@ T_PROCESS = time.perf_counter()
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _common, also under python -I
 import _common  # noqa: E402
 from _common import (  # noqa: E402
+    HttpFloor,
     Usage,
     dbos_destroy,
     dbos_launch,
@@ -203,10 +204,10 @@ def ours(a: argparse.Namespace) -> dict:
         parts.wrap_io(obstore, "put")
         io_name = "obstore.put"
     else:  # the journal service's client
-        import httpx
+        from caravanserai.stores.http_wire import Wire
 
-        parts.wrap_io(httpx.Client, "request")
-        io_name = "httpx.Client.request"
+        parts.wrap_io(Wire, "request")
+        io_name = "http_wire.Wire.request (http.client)"
 
     profiler = None
     t_open = time.perf_counter()
@@ -329,13 +330,11 @@ def paired_floor(a: argparse.Namespace, store, statements: list[str]) -> list:
         add("s3_put_create", "bare obstore.put(mode='create') (If-None-Match: *), what ours sends",
             lambda: obstore.put(s3, f"{key}/c{next(chunk):08d}", RECORD, mode="create"))
     elif scheme in ("http", "https"):
-        import httpx
-
-        client, base = httpx.Client(timeout=10), a.url.split("?", 1)[0].rstrip("/")
-        add("http_post", "bare POST /health on a second client", lambda: client.post(base + "/health", content=RECORD))
+        client = HttpFloor(a.url, RECORD)
+        add("http_post", "bare POST /health on a second connection (http.client)", lambda: client.request("POST", RECORD))
         sync = sync_appender(os.path.join(a.dir, f"paired-floor-{os.getpid()}.bin"), RECORD)
         add("http_post_plus_fdatasync", "bare POST /health, then write+fdatasync 152 B here (RTT + one fsync)",
-            lambda: (client.post(base + "/health", content=RECORD), sync()))
+            lambda: (client.request("POST", RECORD), sync()))
     for op in ops:
         for _ in range(5):
             op()

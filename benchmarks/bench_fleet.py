@@ -108,7 +108,7 @@ FLEETS = {"postgres": [1, 8, 32, 64], "http": [1, 8, 32, 64], "s3": [1, 8, 16]}
 BACKENDS = tuple(FLEETS)
 LABEL = {"postgres": "PostgreSQL", "http": "journal service (backed by PostgreSQL)", "s3": "S3 (moto)"}
 FLOOR_WHAT = {"postgres": "bare 1-row INSERT + COMMIT (autocommit psycopg), same server",
-              "http": "bare POST of 152 B to /health, same service (httpx keep-alive)",
+              "http": "bare POST of 152 B to /health, same service (http.client keep-alive)",
               "s3": "bare obstore.put of 152 B to a new key, same moto server"}
 FLOOR_TABLE = "fleet_floor"
 PG_RATIO_TARGET, P99_TARGET, TAKEOVER_SLACK_S, RESTART_TARGET_S = 0.5, 10.0, 1.0, 5.0

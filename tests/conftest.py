@@ -98,6 +98,18 @@ def child_env() -> dict[str, str]:
 PYTHON = sys.executable
 
 
+def http_handler_transport(handler):
+    """The HTTP store's ``transport`` seam (no network) driven by an httpx-style ``handler(request) ->
+    httpx.Response``: for retry and error tests that need answers no real service gives."""
+    httpx = need_module("httpx", "http")
+
+    def send(method: str, url: str, headers: dict, body: bytes):
+        response = handler(httpx.Request(method, url, headers=headers, content=body))
+        return response.status_code, dict(response.headers), response.read()
+
+    return send
+
+
 def load_child_module(path: Path) -> ModuleType:
     """A child script (tests/children/...) imported by path: it defines functions only, main() runs under __main__."""
     spec = importlib.util.spec_from_file_location(f"_child_{path.stem}", path)

@@ -83,6 +83,22 @@ def test_two_tables_on_one_server_never_share_a_writer(private_pg):
     caravanserai.runs.close_all()
 
 
+def test_writers_starting_together_on_a_new_table_all_create_it_and_write(private_pg, child_env):
+    """Eight processes open one new ``create_schema=1`` table at once: PostgreSQL's CREATE TABLE IF NOT
+    EXISTS raced (a duplicate key in pg_type for the losers) and killed writers at start (CI, issue 24)."""
+    url = _pg_url(private_pg)
+    code = ("import sys, caravanserai\n"
+            "caravanserai.checkpoint(sys.argv[2], {'i': 0}, 'first', store=sys.argv[1])\nprint('written')")
+    procs = [subprocess.Popen([sys.executable, "-c", code, url, f"r{n}"], env=child_env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for n in range(8)]
+    results = [proc.communicate(timeout=120) for proc in procs]
+    assert [(proc.returncode, out.strip()) for proc, (out, _) in zip(procs, results)] == [(0, "written")] * 8, \
+        [err.strip().splitlines()[-1:] for _, err in results]
+    store = open_store(url)
+    assert [_waypoints(store, f"r{n}") for n in range(8)] == [[0]] * 8
+    caravanserai.runs.close_all()
+
+
 def test_an_error_in_the_block_survives_a_store_that_cannot_record_it(private_pg, capsys):
     url = _pg_url(private_pg)
     store = open_store(url)
@@ -195,6 +211,10 @@ class Fleet:
         """Seconds until ``run_id`` has ``count`` acknowledgements in all."""
         started = time.monotonic()
         while len(self.acks(run_id)) < count:
+            proc = self.procs[run_id][-1]
+            if proc.poll() is not None:  # died: say why instead of waiting out the timeout
+                out, err = proc.communicate()
+                raise AssertionError(f"{run_id}: the writer exited {proc.returncode}: {(out + err).strip()[-2000:]}")
             assert time.monotonic() - started < timeout, f"{run_id}: stuck at {len(self.acks(run_id))} acks"
             time.sleep(0.02)
         return time.monotonic() - started

@@ -13,9 +13,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
-from conftest import REPO, need_module
+from conftest import REPO, http_handler_transport, need_module
 
 httpx = need_module("httpx", "http", whole_module=True)  # the [http] extra: skipped locally, required under CI
 need_module("starlette", "http", whole_module=True)
@@ -200,7 +201,8 @@ def test_wrong_token_is_a_clear_401_and_not_retried(sleeps):
     server = shared_server("sqlite")
     store = server.client(token="not-the-token")
     sent: list[str] = []
-    store._client.event_hooks["request"].append(lambda request: sent.append(request.url.path))
+    send = store._wire.request
+    store._wire.request = lambda method, url, **kw: sent.append(urlsplit(url).path) or send(method, url, **kw)  # type: ignore[method-assign]
     assert store.health()["status"] == "ok"  # /health needs no token
     sent.clear()
     with pytest.raises(HttpUnauthorized) as info:
@@ -242,6 +244,10 @@ def test_killed_service_is_store_unavailable_after_bounded_retries_and_nothing_i
         with pytest.raises(LeaseLost, match="not the current lease"):
             store.append("k", more, lease=lease, seq=3)
         assert store.load("k") == first
+        restarted.kill()  # between two requests: the kept-alive connection is dead, the service is back
+        restarted = Server(db, port=server.port)
+        sleeps.clear()
+        assert store.load("k") == first and sleeps == []  # a fresh connection at once, no retry backoff
         store.close()
     finally:
         restarted.stop()
@@ -383,7 +389,7 @@ def test_a_request_the_service_rejects_is_store_request_rejected():
 
 # ---- retries and idempotency, in process ---------------------------------------------------------------
 def _mock_store(handler, **options) -> HttpDurableStore:
-    return HttpDurableStore("http://127.0.0.1:9", TOKEN, transport=httpx.MockTransport(handler), **options)
+    return HttpDurableStore("http://127.0.0.1:9", TOKEN, transport=http_handler_transport(handler), **options)
 
 
 def test_5xx_is_retried_with_exponential_backoff_and_the_key_is_kept(sleeps):

@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import need_module
+from conftest import http_handler_transport, need_module
 from servers._proc import free_port
 
 import caravanserai
@@ -104,7 +104,7 @@ def any_store(request, tmp_path):
             sent.append(request)
             return httpx.Response(500, json={"error": {"code": "internal_error", "message": "must not be called"}})
 
-        store = HttpDurableStore("http://127.0.0.1:9", "token", transport=httpx.MockTransport(refuse))
+        store = HttpDurableStore("http://127.0.0.1:9", "token", transport=http_handler_transport(refuse))
         yield store, lambda: list(sent)
         store.close()
         return
@@ -764,7 +764,7 @@ def test_service_errors_keep_their_type_over_http(tmp_path):
                                      headers=dict(request.headers))
         return httpx.Response(answer.status_code, content=answer.content, headers=answer.headers)
 
-    client = HttpDurableStore("http://127.0.0.1:9", "tok", transport=httpx.MockTransport(forward), retries=0)
+    client = HttpDurableStore("http://127.0.0.1:9", "tok", transport=http_handler_transport(forward), retries=0)
     before = tree(project)
     for call in (lambda: client.load("r"), lambda: client.acquire("r")):
         with pytest.raises(JournalCorruptionError) as info:

@@ -291,8 +291,6 @@ def _model_request(run: Journal, request: Any) -> bool:
     """Whether the transport journal takes ``request`` (a model request; one that looks like a
     model call but is not on the endpoint list is named once). Decided before the body is read."""
     method, path = request.method, request.url.path
-    if request.extensions.get("caravanserai") == "store":  # caravanserai's own HTTP store: never a model call
-        return False
     if rules.journaled(method, path):
         return True
     if http_record.looks_like_model_call(method, path):

@@ -25,6 +25,7 @@ import errno
 import json
 import os
 import socket
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -130,14 +131,23 @@ def holder_is_dead(holder: dict[str, Any] | None) -> bool:
     return _zombie(pid)
 
 
-def _zombie(pid: int) -> bool:
+def _zombie(pid: int, settle: float = 0.2) -> bool:
     """True for a killed process its parent has not reaped yet (state Z, no thread left): dead, though
-    ``kill(pid, 0)`` works. (A process whose main thread exited while others run shows Z too: not dead.)"""
+    ``kill(pid, 0)`` works. (A process whose main thread exited while others run shows Z too: not dead.)
+    A killed process's main thread shows Z while its other threads are still being torn down, for a
+    few milliseconds: they are given ``settle`` seconds to go."""
+    deadline = time.monotonic() + settle
     try:
         with open(f"/proc/{pid}/stat", "rb") as stat:
             if stat.read().rsplit(b")", 1)[1].split()[0] != b"Z":
                 return False
-        return len(os.listdir(f"/proc/{pid}/task")) <= 1
+        while len(os.listdir(f"/proc/{pid}/task")) > 1:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return True
+    except FileNotFoundError:
+        return True  # reaped meanwhile
     except (OSError, IndexError):
         return False
 

@@ -1,7 +1,7 @@
 """``http(s)://host:port/prefix``: a journal kept by a service you run (``caravanserai serve``).
 
 ``HttpStore`` (the seed's ``HttpDurableStore``) implements both faces of ``Store`` over the wire
-protocol in ``docs/http-protocol.md`` with httpx (``pip install 'caravanserai[http]'``):
+protocol in ``docs/http-protocol.md``, on keep-alive ``http.client`` connections (``http_wire``):
 
 - the URL must be https outside localhost / 127.0.0.1 / ::1 (``HttpInsecure``), and a bearer
   token is required (``HttpTokenRequired``); ``from_url`` reads it from ``?token=`` or
@@ -42,7 +42,6 @@ from ..errors import (
     JournalCorruptionError,
     LeaseLost,
     LeaseTtlInvalid,
-    MissingExtra,
     ObjectNotFound,
     RunLocked,
     SequenceMismatch,
@@ -52,6 +51,7 @@ from ..errors import (
     StoreUnavailable,
 )
 from .base import Lease, Objects, PutMode, Store, holder_info
+from .http_wire import Transport, Wire, WireError, WireResponse
 from .leases import DEFAULT_TTL_MS, ExpiringLease, check_lease_ttl
 from .urls import parse_options, redact, split_url
 
@@ -83,15 +83,6 @@ def is_loopback(host: str | None) -> bool:
         return False
 
 
-def _import_httpx() -> Any:
-    try:
-        import httpx
-    except ImportError as exc:
-        raise MissingExtra("http(s):// stores need httpx: pip install 'caravanserai[http]'", scheme="http",
-                           extra="http") from exc
-    return httpx
-
-
 class HttpLease(ExpiringLease):
     """The service's lease on one run: token, granted TTL, and where the next append goes."""
 
@@ -115,7 +106,7 @@ class HttpObjects(Objects):
     """The service's object face: ``"create"`` puts send ``If-None-Match: *`` (412 when the key exists);
     the protocol has no versions, so no compare-and-swap."""
 
-    parallel_gets = 8  # over the store's httpx connection pool
+    parallel_gets = 8  # over the store's connection pool
 
     def __init__(self, store: HttpStore) -> None:
         self.store = store
@@ -160,8 +151,10 @@ class HttpStore(Store):
     scheme = "http"
 
     def __init__(self, url: str, token: str | None, *, lease_ttl_ms: int | None = None,
-                 request_timeout_ms: int = 10_000, retries: int = 3, backoff_ms: int = 100, transport: Any = None,
-                 lock_ttl_ms: int | None = None) -> None:
+                 request_timeout_ms: int = 10_000, retries: int = 3, backoff_ms: int = 100,
+                 transport: Transport | None = None, lock_ttl_ms: int | None = None) -> None:
+        """``transport``: ``(method, url, headers, body) -> (status, headers, body)`` in place of the network
+        (tests)."""
         try:
             parts = urlsplit(url)
             parts.port  # noqa: B018 - raises ValueError for a port that is not a number
@@ -187,18 +180,14 @@ class HttpStore(Store):
         ttl_ms = _lease_ttl(lease_ttl_ms, lock_ttl_ms)
         if request_timeout_ms <= 0 or retries < 0 or backoff_ms < 0:
             raise InvalidStoreUrl("request_timeout_ms must be > 0, retries and backoff_ms >= 0", url=base)
-        httpx = _import_httpx()
-        self._httpx = httpx
         self.url = base
         self.lease_ttl_ms = ttl_ms
         self.request_timeout_ms = int(request_timeout_ms)
         self.retries = int(retries)
         self.backoff = backoff_ms / 1000
         self._api = base + "/v1/"
-        self._client = httpx.Client(
-            headers={"Authorization": f"Bearer {token}", "User-Agent": "caravanserai-http-store"},
-            timeout=httpx.Timeout(request_timeout_ms / 1000), follow_redirects=False, transport=transport,
-        )
+        self._wire = Wire(base, {"Authorization": f"Bearer {token}", "User-Agent": "caravanserai-http-store"},
+                          request_timeout_ms / 1000, transport=transport)
         self._leases: weakref.WeakSet[HttpLease] = weakref.WeakSet()
         self._objects = HttpObjects(self)
         self._closed = False
@@ -231,11 +220,10 @@ class HttpStore(Store):
 
     def _request(self, method: str, path: str, *, json: Any = None, content: bytes | None = None,
                  params: dict | None = None, headers: dict | None = None, expect: Sequence[int] = (200,),
-                 retries: int | None = None, run_id: str | None = None) -> Any:
+                 retries: int | None = None, run_id: str | None = None) -> WireResponse:
         """Send one logical request, retrying transport errors and 5xx; map error answers to our errors."""
         if self._closed:
             raise StoreUnavailable(f"the journal store {self.url} is closed; open it again", url=self.url)
-        httpx = self._httpx
         headers = dict(headers or {})
         if method not in ("GET", "HEAD"):
             headers["Idempotency-Key"] = uuid.uuid4().hex  # one key for every retry of this call
@@ -245,11 +233,10 @@ class HttpStore(Store):
             if attempt:
                 _sleep(self.backoff * (2 ** (attempt - 1)) * (0.5 + random.random() / 2))
             try:
-                response = self._client.request(method, self.url + path if path.startswith("/") else self._api + path,
-                                                json=json, content=content, params=params, headers=headers,
-                                                extensions={"caravanserai": "store"})  # the transport journal skips it
-            except httpx.TransportError as exc:
-                problem = f"{type(exc).__name__}: {str(exc) or 'no detail'}".replace("\n", " ")
+                response = self._wire.request(method, self.url + path if path.startswith("/") else self._api + path,
+                                              json_body=json, content=content, params=params, headers=headers)
+            except WireError as exc:
+                problem = str(exc)
                 continue
             if response.status_code >= 500:
                 if _error_body(response).get("code") in _FINAL_CODES:  # retrying cannot help: say why now
@@ -275,8 +262,8 @@ class HttpStore(Store):
         except ValueError:
             value = None
         if not isinstance(value, dict):
-            raise StoreUnavailable(f"the journal service at {self.url} answered {response.request.method} "
-                                   f"{response.url.path} with something that is not a JSON object; is the URL that of "
+            raise StoreUnavailable(f"the journal service at {self.url} answered {response.method} "
+                                   f"{response.path} with something that is not a JSON object; is the URL that of "
                                    "`caravanserai serve`?", url=self.url)
         return value
 
@@ -380,7 +367,7 @@ class HttpStore(Store):
             except Exception:
                 pass
         self._closed = True
-        self._client.close()
+        self._wire.close()
 
     @property
     def objects(self) -> Objects:

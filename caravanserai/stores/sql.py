@@ -186,9 +186,18 @@ class SqlStore(Store):
         )
 
     def create_schema(self) -> None:
+        """Run the DDL. Writers starting together race on it: PostgreSQL's ``CREATE TABLE IF NOT EXISTS``
+        fails with a duplicate key for the loser once the winner commits, and the same statement again
+        then finds the table."""
         for statement in self.schema(self.dialect, self.table).split(";\n"):
             if statement.strip():
-                self.exec(statement, ())
+                for attempt in range(3):
+                    try:
+                        self.exec(statement, ())
+                        break
+                    except _Conflict:
+                        if attempt == 2:
+                            raise
 
     # ---- plumbing ------------------------------------------------------------------------
     def exec(self, query: str, params: Sequence[Any]) -> list:
