@@ -158,8 +158,11 @@ def _create(path: Path) -> None:
                              "writable file path", path=str(path)) from None
 
 
+# The PKCS#8 DER of an Ed25519 private key (RFC 8410) before its 32-byte seed: the form _create writes
+_PKCS8_ED25519 = bytes.fromhex("302e020100300506032b657004220420")
+
+
 def _load(path: Path) -> Identity:
-    from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     try:
@@ -167,15 +170,34 @@ def _load(path: Path) -> Identity:
     except OSError as exc:
         raise KeyFileInvalid(f"cannot read your signing key {path} ({exc.strerror or exc}); fix its permissions or set "
                              f"{KEY_ENV} to another file", path=str(path)) from None
-    try:
-        key = serialization.load_pem_private_key(data, password=None)
-    except (ValueError, TypeError):
-        key = None
+    key = _seed_key(data)
+    if key is None:  # another PEM form: cryptography's full loader (its import costs ~45 ms, so not first)
+        from cryptography.hazmat.primitives import serialization
+
+        try:
+            key = serialization.load_pem_private_key(data, password=None)
+        except (ValueError, TypeError):
+            key = None
     if not isinstance(key, Ed25519PrivateKey):
         raise KeyFileInvalid(f"{path} is not an Ed25519 private key in PEM form: move it away and a new key is made "
                              f"(or set {KEY_ENV})", path=str(path))
-    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return Identity(path, PREFIX + _b64(raw), key)
+    return Identity(path, PREFIX + _b64(key.public_key().public_bytes_raw()), key)
+
+
+def _seed_key(pem: bytes) -> Any:
+    """The key of a PEM ``PRIVATE KEY`` holding the plain PKCS#8 Ed25519 form, else None."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    lines = pem.strip().splitlines()
+    if len(lines) < 3 or lines[0] != b"-----BEGIN PRIVATE KEY-----" or lines[-1] != b"-----END PRIVATE KEY-----":
+        return None
+    try:
+        der = base64.b64decode(b"".join(lines[1:-1]), validate=True)
+    except ValueError:
+        return None
+    if len(der) != 48 or not der.startswith(_PKCS8_ED25519):
+        return None
+    return Ed25519PrivateKey.from_private_bytes(der[16:])
 
 
 def _warn_retired() -> None:

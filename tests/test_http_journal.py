@@ -585,3 +585,27 @@ def test_bad_configuration_and_a_bad_upstream_are_one_line_usage_errors(store):
     with caravanserai.durable("bad-upstream", store=store) as run:
         with pytest.raises(UsageError, match="http\\(s\\) URL"):
             run.proxy_url("ftp://example")
+
+
+LATE_IMPORT = '''
+import sys
+import caravanserai
+with caravanserai.durable("late-import", store=sys.argv[1]) as run:
+    before = sorted(m for m in ("httpx", "httpx2", "openai") if m in sys.modules)
+    import openai  # after the run opened: its httpx is patched on import
+    client = openai.OpenAI(base_url=sys.argv[2] + "/v1", api_key="local", max_retries=0)
+    answer = client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "late"}])
+    print(before, answer.choices[0].message.content)
+'''
+
+
+def test_opening_a_run_imports_no_http_library_and_one_imported_later_is_journaled(api, tmp_path, child_env):
+    """A run opens without importing httpx or httpx2 (their import was most of a resume's time); the
+    program's own later import is patched all the same: the second run of the script sends nothing."""
+    script = tmp_path / "late.py"
+    script.write_text(LATE_IMPORT)
+    outputs = [subprocess.run([sys.executable, str(script), str(tmp_path / "store"), api.url], env=child_env,
+                              capture_output=True, text=True, timeout=120) for _ in range(2)]
+    assert [o.returncode for o in outputs] == [0, 0], [o.stderr[-2000:] for o in outputs]
+    assert outputs[0].stdout == outputs[1].stdout and outputs[0].stdout.startswith("[] ")
+    assert api.count() == 1  # the re-run was answered from the journal

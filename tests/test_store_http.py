@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -244,7 +245,10 @@ def test_killed_service_is_store_unavailable_after_bounded_retries_and_nothing_i
         with pytest.raises(LeaseLost, match="not the current lease"):
             store.append("k", more, lease=lease, seq=3)
         assert store.load("k") == first
-        restarted.kill()  # between two requests: the kept-alive connection is dead, the service is back
+        with ThreadPoolExecutor(6) as pool:  # several kept-alive connections in the pool
+            assert list(pool.map(lambda _: store.load("k"), range(12))) == [first] * 12
+        assert len(store._wire._idle) > 1
+        restarted.kill()  # between two requests: every kept-alive connection is dead, the service is back
         restarted = Server(db, port=server.port)
         sleeps.clear()
         assert store.load("k") == first and sleeps == []  # a fresh connection at once, no retry backoff

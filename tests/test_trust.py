@@ -132,6 +132,23 @@ def test_the_key_is_made_private_on_first_use_and_refused_when_exposed(tmp_path,
     assert bad.value.code == "public_key_invalid" and "caravanserai key" in str(bad.value)
 
 
+def test_a_key_in_another_pem_form_loads_to_the_same_identity(tmp_path, monkeypatch):
+    """The key file _create writes is read without cryptography's PEM loader (its import was a sixth of
+    a resume); any other PEM form of an Ed25519 key still goes through that loader, to the same key."""
+    from cryptography.hazmat.primitives import serialization
+
+    monkeypatch.setenv("CARAVANSERAI_KEY_FILE", str(tmp_path / "made" / "key"))
+    me = signing.identity()
+    made = (tmp_path / "made" / "key").read_bytes()
+    other = b"Bag Attributes\n    friendlyName: me\n" + made  # as openssl pkcs12 writes a key out
+    assert serialization.load_pem_private_key(other, password=None) is not None and signing._seed_key(other) is None
+    (tmp_path / "openssh").write_bytes(other)
+    os.chmod(tmp_path / "openssh", 0o600)
+    monkeypatch.setenv("CARAVANSERAI_KEY_FILE", str(tmp_path / "openssh"))
+    again = signing.identity()
+    assert again.public == me.public and signing.verify(me.public, b"m", again.sign(b"m"))
+
+
 def test_without_a_usable_key_a_run_goes_on_unsigned_and_says_so_once(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("CARAVANSERAI_KEY_FILE")
     monkeypatch.setenv("XDG_DATA_HOME", "/proc/no-such-place")  # cannot be created

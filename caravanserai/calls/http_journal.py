@@ -23,9 +23,9 @@ run with ``durable(..., http_journal=False)``, for a block with ``with paused():
 from __future__ import annotations
 
 import contextvars
-import importlib
-import importlib.util
+import importlib.abc
 import os
+import sys
 import threading
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -110,19 +110,61 @@ def _active() -> Journal | None:
 
 
 def install() -> list[str]:
-    """Patch the transports of httpx and httpx2 (those installed), once; returns the modules patched."""
+    """Patch the transports of httpx and httpx2, once; returns the modules patched so far.
+
+    One already imported is patched now; one not yet imported is patched right after its import
+    (``_PatchOnImport``), so opening a run never imports an HTTP library the program does not use
+    (httpx and httpx2 cost ~300 ms to import: most of a resume's time, before)."""
     if os.environ.get("CARAVANSERAI_HTTP_JOURNAL", "").strip().lower() in ("0", "off", "false", "no"):
         rules.enabled = False
     if len(_LOOKED_FOR) == 2:
         return sorted(_PATCHED)
     with _INSTALL_LOCK:
         for name in ("httpx", "httpx2"):
-            if name not in _LOOKED_FOR and importlib.util.find_spec(name) is not None:
-                module = importlib.import_module(name)
-                _patch(module)
-                _PATCHED[name] = module
+            if name in _LOOKED_FOR:
+                continue
+            module = sys.modules.get(name)
+            if module is not None:
+                _patched(name, module)
+            elif not any(isinstance(finder, _PatchOnImport) for finder in sys.meta_path):
+                sys.meta_path.insert(0, _PatchOnImport())
             _LOOKED_FOR.add(name)
     return sorted(_PATCHED)
+
+
+def _patched(name: str, module: Any) -> None:
+    if name not in _PATCHED:
+        _patch(module)
+        _PATCHED[name] = module
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Patches httpx / httpx2 as soon as the program imports them (a post-import hook): finds the
+    module with the other finders and runs ``_patch`` after its loader has executed it."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in ("httpx", "httpx2") or fullname in _PATCHED:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run_module = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            run_module(module)
+            with _INSTALL_LOCK:
+                _patched(fullname, module)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]  # this spec's own loader instance
+        return spec
 
 
 def _patch(module: Any) -> None:

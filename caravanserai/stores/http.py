@@ -167,7 +167,7 @@ class HttpStore(Store):
         if parts.username or parts.password:
             raise InvalidStoreUrl("journal URL must not carry credentials; pass token= or set " + TOKEN_ENV,
                                   url=redact(url))
-        base = urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
+        base = urlunsplit((parts.scheme, parts.netloc, quote(parts.path.rstrip("/"), safe="/%"), "", ""))
         if parts.scheme != "https" and not is_loopback(parts.hostname):
             raise HttpInsecure(f"journal URL must be https outside localhost: {base} would send the token and the "
                                "journal in clear; use https:// (TLS in front of the service) or a loopback address",

@@ -8,16 +8,20 @@ clients, journaled by ``calls/http_journal.py``; these requests never pass throu
 
 What it does: one idle connection pool (any thread may borrow one), a timeout per request, TLS
 verified with the system's trust store (``ssl.create_default_context``, which honours
-``SSL_CERT_FILE``/``SSL_CERT_DIR``), ``HTTPS_PROXY`` (a CONNECT tunnel, ``NO_PROXY`` respected), and
-one immediate resend when a kept-alive connection turns out closed by the server (every mutating
+``SSL_CERT_FILE``/``SSL_CERT_DIR``) plus certifi's where installed, ``HTTPS_PROXY`` (a CONNECT tunnel
+through an http:// proxy, ``user:password@`` sent as Basic, ``NO_PROXY`` respected), idle connections
+the server closed left out, and one immediate resend on a new connection when a kept-alive one turns
+out closed anyway (every mutating
 request carries an ``Idempotency-Key``, so a resend is applied once). Anything else that fails on
 the way is a ``WireError``; retrying is the store's decision.
 """
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
+import select
 import socket
 import ssl
 import threading
@@ -25,7 +29,10 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import unquote, urlencode, urlsplit
+
+from ..errors import StoreUnavailable
+from .urls import redact
 
 # (method, url, headers, body) -> (status, headers, body): a stand-in for the network, in tests
 Transport = Callable[[str, str, dict[str, str], bytes], tuple[int, Mapping[str, str], bytes]]
@@ -92,19 +99,23 @@ class Wire:
             return WireResponse(status, http.client.responses.get(status, ""), data, method, parts.path,
                                 {k.lower(): v for k, v in answer_headers.items()})
         for attempt in (0, 1):
-            conn, reused = self._borrow()
+            conn, reused = self._borrow() if attempt == 0 else (self._connect(), False)
             try:
                 conn.request(method, target, body=body or None, headers=sent)
                 answer = conn.getresponse()
                 data = answer.read()
             except _STALE as exc:
                 conn.close()
-                if reused and attempt == 0:  # the server closed an idle connection: once more on a new one
-                    continue
+                if reused:  # the server closed idle connections (a restart, its keep-alive timeout): all of them
+                    self._drop_idle()
+                    continue  # once more, on a new connection
                 raise WireError(_describe(exc)) from None
             except (OSError, http.client.HTTPException) as exc:
                 conn.close()
                 raise WireError(_describe(exc)) from None
+            except BaseException:
+                conn.close()  # interrupted mid-request: never back in the pool
+                raise
             response = WireResponse(answer.status, answer.reason, data, method, parts.path,
                                     {k.lower(): v for k, v in answer.getheaders()})
             if answer.will_close:
@@ -115,12 +126,28 @@ class Wire:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _borrow(self) -> tuple[http.client.HTTPConnection, bool]:
-        with self._lock:
-            if self._closed:
-                raise WireError("the store's connections are closed")
-            if self._idle:
-                return self._idle.pop(), True
+        """An idle connection the server has not closed (a readable idle socket is its EOF), else a new one."""
+        while True:
+            with self._lock:
+                if self._closed:
+                    raise WireError("the store's connections are closed")
+                if not self._idle:
+                    break
+                conn = self._idle.pop()
+            try:
+                readable = bool(conn.sock) and bool(select.select([conn.sock], [], [], 0)[0])
+            except (OSError, ValueError):
+                readable = True
+            if not readable:
+                return conn, True
+            conn.close()
         return self._connect(), False
+
+    def _drop_idle(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
 
     def _give_back(self, conn: http.client.HTTPConnection) -> None:
         with self._lock:
@@ -135,12 +162,13 @@ class Wire:
             conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         else:
             if self._ssl is None:
-                self._ssl = ssl.create_default_context()
+                self._ssl = _tls_context()
             if proxy is None:
                 conn = http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout, context=self._ssl)
             else:
-                conn = http.client.HTTPSConnection(proxy[0], proxy[1], timeout=self.timeout, context=self._ssl)
-                conn.set_tunnel(self.host, self.port)
+                proxy_host, proxy_port, proxy_headers = proxy
+                conn = http.client.HTTPSConnection(proxy_host, proxy_port, timeout=self.timeout, context=self._ssl)
+                conn.set_tunnel(self.host, self.port, headers=proxy_headers)
         try:
             conn.connect()
             conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # headers and body leave at once
@@ -157,16 +185,34 @@ class Wire:
             conn.close()
 
 
-def _proxy_for(host: str, https: bool) -> tuple[str, int] | None:
-    """``HTTPS_PROXY``'s (host, port) for an https origin not excluded by ``NO_PROXY``; None otherwise
-    (plain http is loopback only, never proxied)."""
+def _proxy_for(host: str, https: bool) -> tuple[str, int, dict[str, str]] | None:
+    """``HTTPS_PROXY``'s (host, port, CONNECT headers) for an https origin not excluded by ``NO_PROXY``;
+    None otherwise (plain http is loopback only, never proxied). Only an ``http://`` proxy is spoken to."""
     if not https:
         return None
     proxy = urllib.request.getproxies().get("https")
     if not proxy or urllib.request.proxy_bypass(host):
         return None
     parts = urlsplit(proxy if "://" in proxy else "http://" + proxy)
-    return (parts.hostname, parts.port or 8080) if parts.hostname else None
+    if parts.scheme != "http" or not parts.hostname:
+        raise StoreUnavailable(f"HTTPS_PROXY={redact(proxy)} is not an http://host:port proxy, the only kind the journal "
+                               "store speaks to; fix it, or add the journal's host to NO_PROXY")
+    headers = {}
+    if parts.username is not None:
+        credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+        headers["Proxy-Authorization"] = "Basic " + base64.b64encode(credentials).decode("ascii")
+    return parts.hostname, parts.port or 80, headers
+
+
+def _tls_context() -> ssl.SSLContext:
+    """The system's trust store, plus certifi's bundle where certifi is installed (what httpx trusted)."""
+    context = ssl.create_default_context()
+    try:
+        import certifi
+    except ImportError:
+        return context
+    context.load_verify_locations(certifi.where())
+    return context
 
 
 def _describe(exc: BaseException) -> str:
