@@ -174,6 +174,37 @@ def test_an_object_store_lease_is_renewed_by_one_thread_at_a_time(bucket_url):
         run.checkpoint({"i": 1}, "after")
 
 
+def test_a_renewal_slower_than_the_lease_is_followed_by_another_before_the_next_append(tmp_path, monkeypatch):
+    """An overloaded writer whose renewal took longer than the lease (here, a clock that jumps 3 s during
+    the first one) learns little from it; it renews again, keeps the run nobody else took and appends."""
+    from caravanserai.stores import leases
+
+    store = open_store(f"sqlite:///{tmp_path}/slow.db?lease_ttl_ms=3000")
+    with caravanserai.durable("slow", store=store) as run:
+        run.checkpoint({"i": 1}, "before")
+        lease = run._lease
+        lease._stop.set()
+        offset = [0.0]
+        real_monotonic = time.monotonic
+        clock = type("Clock", (), {"monotonic": staticmethod(lambda: real_monotonic() + offset[0])})
+        monkeypatch.setattr(leases, "time", clock)
+        calls = []
+        renew = lease._renew
+
+        def slow_renew() -> None:
+            calls.append(offset[0])
+            renew()
+            if len(calls) == 1:
+                offset[0] += 3.0  # this renewal "took" 3 s: longer than the 2.7 s its holder may trust it
+
+        lease._renew = slow_renew
+        lease._deadline = clock.monotonic()  # due now
+        run.checkpoint({"i": 2}, "after a slow renewal")
+        assert len(calls) == 2 and lease.held
+    states = [e["state"]["i"] for e in caravanserai.runs.read_events("slow", store=store) if e["type"] == "waypoint"]
+    assert states == [1, 2]
+
+
 def test_a_missing_bucket_is_named_not_reported_as_a_locked_run(s3):
     url = (f"s3://no-such-bucket-{uuid.uuid4().hex[:6]}/p?endpoint={s3.endpoint}&region=us-east-1"
            "&access_key_id=testing&secret_access_key=testing")

@@ -504,7 +504,9 @@ def test_idempotency_key_applies_a_retried_append_and_create_once():
     assert client.post("/v1/runs/.x/acquire", json={}).json()["error"]["code"] == "invalid_run_id"
 
 
-def test_service_lets_the_backing_lease_go_when_a_client_lease_expires():
+def test_service_lets_the_backing_lease_go_one_ttl_after_a_client_lease_expired():
+    """An expired client lease nobody took stays its holder's (a late renewal or append is granted);
+    another client takes it over at once; the reaper frees the backing lease one TTL after expiry."""
     from caravanserai.service import JournalService
 
     from caravanserai.stores.memory import MemoryStore
@@ -516,18 +518,28 @@ def test_service_lets_the_backing_lease_go_when_a_client_lease_expires():
         granted = service.acquire("r", {"pid": 1}, 3000)
         with pytest.raises(RunLocked):
             backing.acquire("r")  # the service holds the backing lease for its client
-        now[0] += 2.0
-        service.renew("r", granted["token"])
-        now[0] += 2.9
+        now[0] += 3.5  # expired, not renewed: an overloaded client
         service.reap()
-        assert "r" in service._held  # renewed: still held
-        now[0] += 0.2
+        assert "r" in service._held  # within the grace
+        service.renew("r", granted["token"])  # late, but nobody else took the run: still its holder's
+        lines, _ = make_lines("r", 1)
+        now[0] += 3.5  # expired again: a late append is granted too
+        assert service.append("r", granted["token"], 0, lines, True)["next_seq"] == 1
+        now[0] += 5.9
         service.reap()
-        backing.acquire("r").release()  # expired: the backing lease is free again
+        assert "r" in service._held
+        now[0] += 0.2  # expired one TTL ago: the reaper lets the backing lease go
+        service.reap()
+        backing.acquire("r").release()
         with pytest.raises(LeaseLost):
             service.renew("r", granted["token"])
         regranted = service.acquire("r", {"pid": 2}, 3000)
         assert regranted["token"] > granted["token"]
+        now[0] += 3.1  # expired: another client takes it over at once, the late holder is fenced
+        taken = service.acquire("r", {"pid": 3}, 3000)
+        assert taken["token"] > regranted["token"]
+        with pytest.raises(LeaseLost, match="not the current lease"):
+            service.renew("r", regranted["token"])
     finally:
         service.close()
 

@@ -175,6 +175,11 @@ class Lease(ABC):
         """False once released or lost; a writer must not append after that."""
         return not self._released
 
+    @property
+    def renewable(self) -> bool:
+        """Not released nor lost: it may append again, after a renewal where its deadline passed."""
+        return not self._released
+
     def check(self) -> None:
         """Raise LeaseLost unless this lease may still append."""
         if not self.held:

@@ -8,12 +8,13 @@ with ``serve(store_url)`` under uvicorn (``pip install 'caravanserai[http]'``).
   in constant time (``hmac.compare_digest`` over SHA-256 digests, so not even the length leaks).
 - **Leases.** The service keeps its own lease table: run → (token, holder, expiry by the
   *service's* monotonic clock). While a client holds a run, the service holds the backing store's
-  lease for it and appends through that; when the client's lease expires (it stopped renewing)
-  the service lets the backing lease go, and the next client takes the run over with a larger
-  token. Tokens are the backing store's fencing tokens where they grow, and never go backwards
-  while the service runs.
+  lease for it and appends through that. When the client's lease expires (it stopped renewing)
+  another client may take the run over at once, with a larger token; until then a late renewal or
+  append of the holder is still granted (nobody else holds the run), and one more TTL later the
+  reaper lets the backing lease go for writers outside the service. Tokens are the backing store's
+  fencing tokens where they grow, and never go backwards while the service runs.
 - **Fencing.** An append carries the lease token and its seq; a token that is not the current
-  one, an expired lease or a wrong seq is refused with 409, whatever the client's clock says.
+  one or a wrong seq is refused with 409, whatever the client's clock says.
 - **Errors.** Library errors travel with their own ``code`` (``seq_mismatch`` is
   ``SequenceMismatch``...) and the status of ``_ANSWERS``; ``ApiError`` is only for what the
   protocol itself refuses (a malformed body, a body too large, an existing object).
@@ -189,22 +190,27 @@ class JournalService:
         except Exception:
             pass  # the backing lease expires by itself
 
-    def _current(self, run_id: str) -> _Held | None:
-        """The live lease on ``run_id`` (an expired one is dropped here). Call under the run's lock."""
+    def _current(self, run_id: str, token: int | None = None) -> _Held | None:
+        """The live lease on ``run_id``, dropped here if the backing lease is gone or, for anyone but
+        its holder (``token``), once it expired. Call under the run's lock."""
         held = self._held.get(run_id)
-        if held is not None and (held.expires_at <= self.clock() or not held.backing.held):
+        if held is not None and (not held.backing.renewable or (held.expires_at <= self.clock() and held.token != token)):
             self._drop(run_id, held)
             return None
         return held
 
     def reap(self) -> None:
-        """Let go of the backing leases of every expired client lease."""
+        """Let go of the backing leases of client leases expired for one more TTL (the grace a late
+        renewal gets; another client takes an expired lease over at once, without waiting for this)."""
         with self._table:
-            candidates = [(run_id, held) for run_id, held in self._held.items() if held.expires_at <= self.clock()]
+            candidates = [(run_id, held) for run_id, held in self._held.items() if self._reapable(held)]
         for run_id, held in candidates:
             with self._lock(run_id):
-                if self._held.get(run_id) is held and held.expires_at <= self.clock():
+                if self._held.get(run_id) is held and self._reapable(held):
                     self._drop(run_id, held)
+
+    def _reapable(self, held: _Held) -> bool:
+        return held.expires_at + held.ttl <= self.clock()
 
     def _reap_loop(self, every: float) -> None:
         while not self._stop.wait(every):
@@ -261,20 +267,30 @@ class JournalService:
                 "next_seq": held.backing.next_seq, "lines": lines}
 
     def _check(self, run_id: str, token: int, what: str) -> _Held:
+        """The holder's lease, also past its expiry while no other client took the run (a late renewal
+        or append of an overloaded client proves it is alive); LeaseLost otherwise."""
         held = self._held.get(run_id)
         if held is None or held.token != token:
             now = "no writer holds it now" if held is None else f"it is held with token {held.token} now"
             raise LeaseLost(f"run {run_id!r}: lease token {token} is not the current lease ({now}); {what} refused: "
                             "open the run again", run_id=run_id)
-        if self._current(run_id) is None:
-            raise LeaseLost(f"run {run_id!r}: the lease (token {token}) expired before it was renewed; {what} refused: "
-                            "open the run again", run_id=run_id)
+        if self._current(run_id, token) is None:
+            raise LeaseLost(f"run {run_id!r}: the service lost its lease on the backing store (token {token}); {what} "
+                            "refused: open the run again", run_id=run_id)
+        if held.expires_at <= self.clock():
+            held.expires_at = self.clock() + held.ttl
         return held
 
     def renew(self, run_id: str, token: int) -> dict:
         with self._lock(run_id):
             held = self._check(run_id, token, "renewal")
             held.expires_at = self.clock() + held.ttl
+            try:
+                held.backing.renew()  # cheap unless due; late if the service was too busy to renew it in time
+            except LeaseLost as exc:
+                self._drop(run_id, held)
+                raise LeaseLost(f"run {run_id!r}: the backing store took the lease back ({exc}); open the run again",
+                                run_id=run_id) from None
             return {"token": held.token, "ttl_ms": int(held.ttl * 1000)}
 
     def release(self, run_id: str, token: int) -> dict:
@@ -293,6 +309,7 @@ class JournalService:
         with self._lock(run_id):
             held = self._check(run_id, token, "append")
             try:
+                held.backing.renew()  # cheap unless due; late if the service was too busy to renew it in time
                 self.store.append(run_id, lines, lease=held.backing, seq=seq, sync=sync)
             except LeaseLost as exc:
                 self._drop(run_id, held)
@@ -357,6 +374,12 @@ class JournalService:
         """(worker thread) The backing store's group commit of ``batch``; per member an answer or an error."""
         assert self._batch is not None  # append_async queues only then
         try:
+            for held, *_ in batch:
+                if not held.backing.held:  # its deadline passed: the service was too busy to renew it in time
+                    try:
+                        held.backing.renew()
+                    except Exception:
+                        pass  # the batch's own check refuses this member with the reason
             try:
                 outcomes = self._batch([(run_id, lines, held.backing, seq) for held, run_id, seq, lines, _ in batch])
             except Exception as exc:  # the batch itself failed: no member is acknowledged

@@ -3,10 +3,14 @@
 A shared backend (SQLite, PostgreSQL, object storage, HTTP) grants a lease for ``ttl`` seconds and
 a fencing ``token`` that grows on every takeover. The holder renews at a third of the TTL from a
 daemon thread. It trusts its lease only until ``start of the last successful renew + 0.9 × ttl``
-(its own monotonic clock): past that deadline ``held`` is False and appends raise ``LeaseLost``,
-so a paused process (SIGSTOP, a laptop lid) stops writing when it wakes. Safety does not rest on
-clocks alone: every backend also *fences* appends with the token (SQL) or write-once journal keys
-(object storage), so a stale holder's append is rejected by the store itself.
+(its own monotonic clock): past that deadline ``held`` is False and an append is refused until a
+renewal succeeds, so a paused process (SIGSTOP, a laptop lid) writes nothing when it wakes before
+the store has said the lease is still its own. A late renewal may still succeed: every backend's
+renewal is conditional on the token (SQL, the journal service) or the lease object's version
+(object storage) being unchanged, which is exactly "no other holder took it", so an overloaded or
+briefly paused writer keeps its run unless somebody else took it over (then ``LeaseLost``). Safety
+does not rest on clocks alone: every backend also *fences* appends with the token (SQL) or
+write-once journal keys (object storage), so a stale holder's append is rejected by the store itself.
 
 Every backend takes its TTL as ``lease_ttl_ms`` and checks it here, with ``check_lease_ttl``: one
 minimum (``MIN_TTL_MS``, 3000 ms: renewing at a third of it leaves a second of slack) and one
@@ -70,6 +74,10 @@ class ExpiringLease(Lease):
     def held(self) -> bool:
         return not self._released and self._lost is None and time.monotonic() < self._deadline
 
+    @property
+    def renewable(self) -> bool:
+        return not self._released and self._lost is None
+
     def check(self) -> None:
         if self._lost is not None and not self._released:
             raise LeaseLost(f"the lease on run {self.run_id!r} was lost ({self._lost}); another writer may own the run "
@@ -80,11 +88,17 @@ class ExpiringLease(Lease):
         super().check()
 
     def renew(self) -> None:
-        """Renew now if a third of the TTL has passed since the last renewal (cheap otherwise)."""
-        self.check()
+        """Renew now if a third of the TTL has passed since the last renewal (cheap otherwise); past
+        the deadline too, where the backend still grants it while no other holder took the run."""
+        if self._lost is not None or self._released:
+            self.check()
         deadline = self._deadline
         if time.monotonic() >= deadline - 0.6 * self.ttl:
             self._renew_now(seen=deadline)
+        for _ in range(3):  # a renewal (this one or another thread's) slower than the lease proves too little
+            if time.monotonic() < self._deadline:
+                break
+            self._renew_now()
 
     def _renew_now(self, seen: float | None = None) -> None:
         """Renew, unless another thread renewed while this one waited for the lock (the deadline it
@@ -93,9 +107,6 @@ class ExpiringLease(Lease):
             if (seen is not None and self._deadline != seen) or self._released or self._lost is not None:
                 return
             started = time.monotonic()
-            if started >= self._deadline:
-                self._lost = "its deadline passed before a renewal"
-                self.check()
             try:
                 self._renew()
             except LeaseLost as exc:

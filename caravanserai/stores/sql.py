@@ -428,8 +428,8 @@ def _queries(dialect: str, t: str) -> dict[str, str]:
         "takeover": (f"UPDATE {t}_leases SET holder = ?, token = token + 1, expires_at = {now} + ? "
                      "WHERE run_id = ? AND token = ? RETURNING token"),
         "live_holder": f"SELECT holder FROM {t}_leases WHERE run_id = ? AND expires_at > {now}",
-        "renew": (f"UPDATE {t}_leases SET expires_at = {now} + ? WHERE run_id = ? AND token = ? AND expires_at > {now} "
-                  "RETURNING token"),
+        # late too: a lease nobody took over (its token unchanged) is still this holder's
+        "renew": f"UPDATE {t}_leases SET expires_at = {now} + ? WHERE run_id = ? AND token = ? RETURNING token",
         "release": f"UPDATE {t}_leases SET expires_at = 0 WHERE run_id = ? AND token = ? RETURNING token",
         "append": (f"INSERT INTO {t} (run_id, chunk, seq, token, lines) SELECT ?, ?, ?, ?, ? WHERE EXISTS "
                    f"(SELECT 1 FROM {t}_leases WHERE run_id = ? AND token = ? AND expires_at > {now}) RETURNING chunk"),

@@ -24,6 +24,7 @@ release/load against a plain list model. Requires pytest (and Hypothesis for the
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any, cast
@@ -247,6 +248,42 @@ class StoreConformance(ObjectsConformance):
         with pytest.raises(LeaseLost):
             store.append(run_id, lines, lease=lease, seq=0)
         assert store.load(run_id) == []
+
+    def test_a_late_renewal_keeps_a_lease_nobody_took_and_fails_on_one_taken_over(self, store: Store,
+                                                                                  run_id: str) -> None:
+        """A holder that could not renew in time (paused, starved) keeps a run no other writer took:
+        the renewal proves its token is still current; on a run taken over meanwhile it is LeaseLost
+        and its append is refused. An expiring lease with a TTL over 5 s is only made late by its own clock."""
+        from ..stores.leases import ExpiringLease
+
+        kept, taken = store.acquire(run_id), store.acquire(run_id + "-taken")
+        first, tail = make_lines(run_id, 1)
+        store.append(run_id, first, lease=kept, seq=0)
+        if isinstance(kept, ExpiringLease) and isinstance(taken, ExpiringLease):
+            kept._stop.set()  # no background renewals: as if the process were paused or starved
+            taken._stop.set()
+            expired = kept.ttl <= 5
+            if expired:
+                time.sleep(kept.ttl + 0.3)  # past the store's expiry too
+            kept._deadline = taken._deadline = time.monotonic()
+            assert not kept.held and not taken.held
+            if expired:
+                taker = store.acquire(run_id + "-taken")  # the expired lease goes to another writer at once
+                assert taker.token > taken.token
+                with pytest.raises(LeaseLost):
+                    taken.renew()
+                with pytest.raises(LeaseLost):
+                    store.append(run_id + "-taken", first, lease=taken, seq=0)
+                taker.release()
+        taken.release()
+        kept.renew()
+        assert kept.held
+        more, _ = make_lines(run_id, 1, tail)
+        store.append(run_id, more, lease=kept, seq=1)
+        with pytest.raises(RunLocked):
+            store.acquire(run_id)  # renewed: locked again
+        kept.release()
+        assert store.load(run_id) == first + more and store.load(run_id + "-taken") == []
 
     def test_append_at_wrong_seq_is_a_sequence_mismatch(self, store: Store, run_id: str) -> None:
         lines, _ = make_lines(run_id, 3)
