@@ -205,6 +205,32 @@ def test_a_renewal_slower_than_the_lease_is_followed_by_another_before_the_next_
     assert states == [1, 2]
 
 
+def test_a_release_that_gave_up_on_a_stuck_renewal_is_completed_by_that_renewal(tmp_path):
+    """A renewal stuck on a slow store outlives the release that could not wait for it (0.1 s past the
+    holder's deadline); when it succeeds after all it releases the lease itself, so the run is not locked
+    for another TTL by a writer that already closed it."""
+    store = open_store(f"sqlite:///{tmp_path}/stuck.db?lease_ttl_ms=3000")
+    lease = store.acquire("stuck")
+    lease._stop.set()
+    renew, entered, go = lease._renew, threading.Event(), threading.Event()
+
+    def stuck_renew() -> None:
+        entered.set()
+        go.wait(10)
+        renew()
+
+    lease._renew = stuck_renew
+    lease._deadline = time.monotonic()  # late: the release waits only 0.1 s for the renewal
+    renewal = threading.Thread(target=lease._renew_now)
+    renewal.start()
+    assert entered.wait(10)
+    lease.release()  # gives up on the stuck renewal
+    assert store._q("live_holder", ("stuck",))  # still live in the database: nothing could be released yet
+    go.set()
+    renewal.join(10)
+    assert not store._q("live_holder", ("stuck",))  # the renewal, done, released the lease it had just extended
+
+
 def test_a_missing_bucket_is_named_not_reported_as_a_locked_run(s3):
     url = (f"s3://no-such-bucket-{uuid.uuid4().hex[:6]}/p?endpoint={s3.endpoint}&region=us-east-1"
            "&access_key_id=testing&secret_access_key=testing")

@@ -28,6 +28,7 @@ from servers.journal_service import JournalServiceProcess  # noqa: E402
 
 from caravanserai import LeaseLost, RunLocked, StoreUnavailable  # noqa: E402
 from caravanserai.stores import http as http_module  # noqa: E402
+from caravanserai.stores import open_store  # noqa: E402
 from caravanserai.stores.http import (  # noqa: E402
     HttpDurableStore,
     HttpInsecure,
@@ -542,6 +543,40 @@ def test_service_lets_the_backing_lease_go_one_ttl_after_a_client_lease_expired(
             service.renew("r", regranted["token"])
     finally:
         service.close()
+
+
+def test_a_backing_lease_the_service_cannot_renew_in_time_is_a_retry_not_a_lost_lease(tmp_path):
+    """The service too busy to renew its own lease on the backing store, and the store briefly unreachable:
+    the client's append (batched or not) and renew get 503 store_unavailable and keep the run; once the
+    store answers, the same append goes through."""
+    from caravanserai.stores.http_service import JournalService
+
+    backing = open_store(f"sqlite:///{tmp_path}/busy.db?lease_ttl_ms=3000")
+    service = JournalService(backing, reap_every=3600)
+    try:
+        granted = service.acquire("busy", {"pid": 1}, 3000)
+        held = service._held["busy"]
+        held.backing._stop.set()
+        renew = held.backing._renew
+
+        def unreachable() -> None:
+            raise StoreUnavailable("the database did not answer", run_id="busy")
+
+        held.backing._renew, held.backing._deadline = unreachable, time.monotonic()  # late, and cannot renew now
+        lines, _ = make_lines("busy", 1)
+        [answer] = service._commit([(held, "busy", 0, lines, None)], [])  # the batched path
+        assert isinstance(answer, StoreUnavailable)
+        with pytest.raises(StoreUnavailable):
+            service.append("busy", granted["token"], 0, lines, True)  # the threaded path
+        with pytest.raises(StoreUnavailable):
+            service.renew("busy", granted["token"])
+        assert service._held.get("busy") is held and backing.load("busy") == []
+        held.backing._renew = renew  # the store answers again
+        [answer] = service._commit([(held, "busy", 0, lines, None)], [])
+        assert answer == {"next_seq": 1} and backing.load("busy") == lines
+    finally:
+        service.close()
+        backing.close()
 
 
 def test_run_index_reads_versions_in_one_request(tmp_path, monkeypatch) -> None:

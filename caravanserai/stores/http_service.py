@@ -15,28 +15,19 @@ with ``serve(store_url)`` under uvicorn (``pip install 'caravanserai[http]'``).
   fencing tokens where they grow, and never go backwards while the service runs.
 - **Fencing.** An append carries the lease token and its seq; a token that is not the current
   one or a wrong seq is refused with 409, whatever the client's clock says.
-- **Errors.** Library errors travel with their own ``code`` (``seq_mismatch`` is
-  ``SequenceMismatch``...) and the status of ``_ANSWERS``; ``ApiError`` is only for what the
-  protocol itself refuses (a malformed body, a body too large, an existing object).
-- **Retries.** Mutating requests may carry ``Idempotency-Key``; a repeat of a key the service has
-  answered in the last 10 minutes gets the recorded answer instead of running again, so a client
-  retrying after a lost response appends once and creates once.
+- **Errors.** Library errors travel with their own ``code`` and the status of ``_ANSWERS``; ``ApiError``
+  is only for what the protocol itself refuses (a malformed body, a body too large, an existing object).
+- **Retries.** Mutating requests may carry ``Idempotency-Key``; a repeat of a key answered in the last 10
+  minutes gets the recorded answer, so a client retrying after a lost response appends and creates once.
 
-Blocking store calls (fsync, SQL) run in Starlette's thread pool; operations on one run are
-serialised by a lock striped over run ids, different runs proceed in parallel. Routes are small
-module functions ``(app, request, body) -> response`` listed in ``_ROUTES``.
+Blocking store calls run in Starlette's thread pool; one run's operations are serialised by a lock striped
+over run ids. Routes are module functions ``(app, request, body) -> response`` listed in ``_ROUTES``.
 
-**Group commit.** Appends of different runs that arrive together are flushed together. With a
-SQL backing store (``group_commit``: it has ``append_batch``) the append route runs on the event
-loop: appends queue in the service, the first one schedules a flush right after the current loop
-turn (no timer), the flush checks each member's lease under its run's lock and hands the batch to
-a worker thread for one ``append_batch`` (one COMMIT), and what arrives meanwhile is the next
-batch; one thread hop per batch, not per append. Other backing stores append in the thread pool,
-runs in parallel: a local directory gets one ``fdatasync`` per run's journal, which the file
-system commits together. Each append is answered only once the batch holding it is durable; a
-member refused by its own checks (token, lease, seq, the backing store's fence) gets its own 409
-and the others commit; a failed flush fails every member of the batch. The views hand-off (the
-local store's rendered files) runs after the answer is sent, off the append's latency.
+**Group commit.** Appends of different runs that arrive together are flushed together: with a SQL
+backing store (``append_batch``) they queue on the event loop and one worker-thread ``append_batch``
+(one COMMIT) takes each batch (``append_async``); other backing stores append in the thread pool.
+Each append is answered once durable; a member refused by its own checks gets its own 409 and the
+others commit; a failed flush fails every member. Views are handed off after the answer is sent.
 """
 
 from __future__ import annotations
@@ -125,8 +116,7 @@ class _Replay:
                 running.wait(30)  # the same request still running: wait for its answer
 
     def try_begin(self, key: tuple) -> tuple[int, bytes, str] | None | bool:
-        """``begin`` that never waits: the recorded answer, None once the caller owns ``key``, or
-        False while the same request is still running (then call ``begin`` from a thread)."""
+        """``begin`` that never waits: the answer, None once the caller owns ``key``, False while it still runs."""
         with self._lock:
             now = time.monotonic()
             while self._done and next(iter(self._done.values()))[0] < now:
@@ -191,8 +181,7 @@ class JournalService:
             pass  # the backing lease expires by itself
 
     def _current(self, run_id: str, token: int | None = None) -> _Held | None:
-        """The live lease on ``run_id``, dropped here if the backing lease is gone or, for anyone but
-        its holder (``token``), once it expired. Call under the run's lock."""
+        """The lease on ``run_id``; dropped if its backing lease is gone or, but for ``token``, expired. Under the run's lock."""
         held = self._held.get(run_id)
         if held is not None and (not held.backing.renewable or (held.expires_at <= self.clock() and held.token != token)):
             self._drop(run_id, held)
@@ -200,8 +189,7 @@ class JournalService:
         return held
 
     def reap(self) -> None:
-        """Let go of the backing leases of client leases expired for one more TTL (the grace a late
-        renewal gets; another client takes an expired lease over at once, without waiting for this)."""
+        """Let go of the backing leases of client leases expired one TTL ago (a late renewal's grace)."""
         with self._table:
             candidates = [(run_id, held) for run_id, held in self._held.items() if self._reapable(held)]
         for run_id, held in candidates:
@@ -267,8 +255,7 @@ class JournalService:
                 "next_seq": held.backing.next_seq, "lines": lines}
 
     def _check(self, run_id: str, token: int, what: str) -> _Held:
-        """The holder's lease, also past its expiry while no other client took the run (a late renewal
-        or append of an overloaded client proves it is alive); LeaseLost otherwise."""
+        """The holder's lease, also expired while no other client took it (a late request proves it alive); else LeaseLost."""
         held = self._held.get(run_id)
         if held is None or held.token != token:
             now = "no writer holds it now" if held is None else f"it is held with token {held.token} now"
@@ -284,14 +271,22 @@ class JournalService:
     def renew(self, run_id: str, token: int) -> dict:
         with self._lock(run_id):
             held = self._check(run_id, token, "renewal")
+            if not held.backing.held:  # the service was too busy to renew it in time (else its own thread does)
+                try:
+                    held.backing.renew()
+                except LeaseLost as exc:
+                    raise self._refused(run_id, held, exc) from None
             held.expires_at = self.clock() + held.ttl
-            try:
-                held.backing.renew()  # cheap unless due; late if the service was too busy to renew it in time
-            except LeaseLost as exc:
-                self._drop(run_id, held)
-                raise LeaseLost(f"run {run_id!r}: the backing store took the lease back ({exc}); open the run again",
-                                run_id=run_id) from None
             return {"token": held.token, "ttl_ms": int(held.ttl * 1000)}
+
+    def _refused(self, run_id: str, held: _Held, exc: LeaseLost) -> Exception:
+        """LeaseLost (dropped) if the backing lease is really gone, else StoreUnavailable: not renewed in time, retry."""
+        if held.backing.renewable:
+            return StoreUnavailable(f"run {run_id!r}: the journal service could not renew its lease on the backing "
+                                    f"store in time ({exc}); retry", run_id=run_id)
+        self._drop(run_id, held)
+        return LeaseLost(f"run {run_id!r}: the backing store refused this lease ({exc}); open the run again",
+                         run_id=run_id)
 
     def release(self, run_id: str, token: int) -> dict:
         with self._lock(run_id):
@@ -302,19 +297,16 @@ class JournalService:
             return {"released": True}
 
     def append(self, run_id: str, token: int, seq: int, lines: list[str], sync: bool, *, views: bool = True) -> dict:
-        """Append through the backing lease; its prologue refuses a wrong seq (``SequenceMismatch``).
-
-        ``views=False``: the caller hands the lines to ``views`` itself (after answering).
-        """
+        """Append through the backing lease (a wrong seq: ``SequenceMismatch``); ``views=False``: the
+        caller hands the lines to ``views`` itself, after answering."""
         with self._lock(run_id):
             held = self._check(run_id, token, "append")
             try:
-                held.backing.renew()  # cheap unless due; late if the service was too busy to renew it in time
+                if not held.backing.held:  # the service was too busy to renew it in time
+                    held.backing.renew()
                 self.store.append(run_id, lines, lease=held.backing, seq=seq, sync=sync)
             except LeaseLost as exc:
-                self._drop(run_id, held)
-                raise LeaseLost(f"run {run_id!r}: the backing store refused the append ({exc}); open the run again",
-                                run_id=run_id) from None
+                raise self._refused(run_id, held, exc) from None
             if views:
                 self.views(run_id, lines)
             return {"next_seq": held.backing.next_seq}
@@ -374,22 +366,26 @@ class JournalService:
         """(worker thread) The backing store's group commit of ``batch``; per member an answer or an error."""
         assert self._batch is not None  # append_async queues only then
         try:
-            for held, *_ in batch:
+            outcomes: list[Exception | None] = [None] * len(batch)
+            members = []
+            for i, (held, run_id, seq, lines, _) in enumerate(batch):
                 if not held.backing.held:  # its deadline passed: the service was too busy to renew it in time
                     try:
                         held.backing.renew()
-                    except Exception:
-                        pass  # the batch's own check refuses this member with the reason
+                    except Exception as exc:  # this member's answer; the others commit
+                        outcomes[i] = exc
+                        continue
+                members.append((i, (run_id, lines, held.backing, seq)))
             try:
-                outcomes = self._batch([(run_id, lines, held.backing, seq) for held, run_id, seq, lines, _ in batch])
+                committed: list = self._batch([write for _, write in members]) if members else []
             except Exception as exc:  # the batch itself failed: no member is acknowledged
-                outcomes = [exc] * len(batch)
+                committed = [exc] * len(members)
+            for (i, _), outcome in zip(members, committed, strict=True):
+                outcomes[i] = outcome
             answers: list = []
             for (held, run_id, _, _, _), outcome in zip(batch, outcomes, strict=True):
                 if isinstance(outcome, LeaseLost):
-                    self._drop(run_id, held)
-                    outcome = LeaseLost(f"run {run_id!r}: the backing store refused the append ({outcome}); open the "
-                                        "run again", run_id=run_id)
+                    outcome = self._refused(run_id, held, outcome)
                 answers.append({"next_seq": held.backing.next_seq} if outcome is None else outcome)
             return answers
         finally:
@@ -466,11 +462,8 @@ def _int(body: dict, name: str, default: int | None = None) -> int:
 
 
 def _run_id(request: Any, store: Store | None = None) -> str:
-    """The run id of the request path, checked by the one rule (``ids.validate_run_id``).
-
-    With ``store`` (read-only endpoints: load, remove) an existing 0.2.0 name the backing store
-    vouches for (``store.is_legacy_name``) is accepted too.
-    """
+    """The path's run id by the one rule (``ids.validate_run_id``); with ``store`` (load, remove) also an
+    existing 0.2.0 name the backing store vouches for (``store.is_legacy_name``)."""
     return validate_run_id(request.path_params["run"], legacy=None if store is None else store.is_legacy_name)
 
 
@@ -691,8 +684,7 @@ def _kept(response: Any) -> tuple[int, bytes, str] | None:
 
 
 async def _handle_async(app: _App, fn: Handler, request: Any, body: bytes, key: tuple | None) -> Any:
-    """``_handle`` for a route that runs on the event loop; a key whose first request still runs
-    waits for its answer in a thread."""
+    """``_handle`` on the event loop; a key whose first request still runs waits for its answer in a thread."""
     from starlette.concurrency import run_in_threadpool
     from starlette.responses import Response
 
@@ -776,11 +768,8 @@ def create_app(store: Store, token: str, *, max_ttl_ms: int = MAX_TTL_MS, max_bo
 def serve(store_url: str, host: str = "127.0.0.1", port: int = 8765, token: str | None = None, *,
           ssl_certfile: str | None = None, ssl_keyfile: str | None = None, log_level: str = "warning",
           max_ttl_ms: int = MAX_TTL_MS) -> None:
-    """Run the journal service for ``store_url`` under uvicorn until SIGINT/SIGTERM.
-
-    The token comes from ``token`` or ``$CARAVANSERAI_HTTP_TOKEN``; without one the service
-    refuses to start (``HttpTokenRequired``).
-    """
+    """Run the journal service for ``store_url`` under uvicorn until SIGINT/SIGTERM; the token comes from
+    ``token`` or ``$CARAVANSERAI_HTTP_TOKEN``, without which it refuses to start (``HttpTokenRequired``)."""
     from caravanserai.stores import open_store  # absolute: this module is also imported as caravanserai.service
 
     token = token or os.environ.get(TOKEN_ENV)

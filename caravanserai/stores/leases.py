@@ -83,8 +83,9 @@ class ExpiringLease(Lease):
             raise LeaseLost(f"the lease on run {self.run_id!r} was lost ({self._lost}); another writer may own the run "
                             "now: open it again", run_id=self.run_id)
         if not self._released and time.monotonic() >= self._deadline:
-            raise LeaseLost(f"the lease on run {self.run_id!r} expired before it could be renewed (paused or cut off "
-                            "from the store?); open the run again", run_id=self.run_id)
+            raise LeaseLost(f"the lease on run {self.run_id!r} expired by this writer's clock before it was renewed "
+                            "(paused or cut off from the store?); renew it (kept if no other writer took the run) or "
+                            "open the run again", run_id=self.run_id)
         super().check()
 
     def renew(self) -> None:
@@ -96,9 +97,11 @@ class ExpiringLease(Lease):
         if time.monotonic() >= deadline - 0.6 * self.ttl:
             self._renew_now(seen=deadline)
         for _ in range(3):  # a renewal (this one or another thread's) slower than the lease proves too little
-            if time.monotonic() < self._deadline:
+            if time.monotonic() < self._deadline or self._lost is not None:
                 break
             self._renew_now()
+        if self._lost is not None:  # lost in another thread while this one waited for the lock
+            self.check()
 
     def _renew_now(self, seen: float | None = None) -> None:
         """Renew, unless another thread renewed while this one waited for the lock (the deadline it
@@ -113,6 +116,11 @@ class ExpiringLease(Lease):
                 self._lost = str(exc)
                 raise
             self._deadline = started + 0.9 * self.ttl
+            if self._released:  # released while this renewal was stuck (the release gave up waiting for it)
+                try:
+                    self._release_remote()
+                except Exception:
+                    pass  # it expires on its own
 
     def _release(self) -> None:
         self._stop.set()

@@ -608,19 +608,25 @@ class BucketStore(Store):
             return {run_id: f"chunks:{n}" for run_id, n in pool.map(count, wanted) if n > 0}
 
     def _remove(self, run_id: str) -> bool:
+        """Claim the lease first (a holder whose lease expired is fenced off: its late renewal's compare-
+        and-swap fails), delete the run, then leave the lease object expired with its token, so tokens
+        never start over for that run id."""
         key = self._lease_key(run_id)
-        try:
-            current = json.loads(self._bucket.get(key))
-        except KeyError:  # ObjectNotFound: no lease object
-            current = None
-        if current and current.get("holder") is not None and current.get("expires_at", 0) > time.time() * 1000:
-            raise RunLocked(f"run {run_id!r} is being written by {describe_holder(current['holder'])}; stop it "
-                            "before cleaning", run_id=run_id, holder=current["holder"])
+        claimed: tuple[int, str] | None = None
+        if self._bucket.supports_cas:
+            try:
+                claimed = self._claim(run_id, {**holder_info(), "removing": True})
+            except RunLocked as exc:
+                holder = getattr(exc, "holder", None)
+                raise RunLocked(f"run {run_id!r} is being written by {describe_holder(holder)}; stop it before "
+                                "cleaning", run_id=run_id, holder=holder) from None
         self._bucket.delete(self._head_key(run_id))  # first: a reader without it probes the chunks
         self._delete(self._bucket.list(f"{self.prefix}segments/{run_id}/"))  # then segments: a reader sees chunks
         chunks = self._chunks(run_id)
         self._delete(chunks)
-        if current is not None:
+        if claimed is not None:
+            self._bucket.put(key, self._lease_body(None, claimed[0], expired=True), mode=IfVersion(claimed[1]))
+        else:  # no compare-and-swap: no writer can hold a lease here
             self._bucket.delete(key)
         return bool(chunks)
 

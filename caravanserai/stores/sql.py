@@ -13,7 +13,8 @@ the DDL; the store never creates or drops tables unless asked with ``create_sche
 
 Appends are fenced in the statement itself: the chunk is inserted only ``WHERE EXISTS`` a lease
 row with this writer's token that has not expired by the database's clock, so a writer paused past
-its lease (or cut off) cannot append, whatever its own clock says.
+its lease (or cut off) cannot append, whatever its own clock says, until a renewal has found its token
+still current (nobody took the run over: every takeover, and a removal, grows the token).
 
 Group commit (``group_commit=True``; ``SqliteStore`` and ``PostgresStore`` turn it on, since they
 own their one connection, while an ``exec`` of your own may spread statements over a pool): appends
@@ -361,13 +362,19 @@ class SqlStore(Store):
         return versions if run_ids is None else {r: versions[r] for r in run_ids if r in versions}
 
     def _remove(self, run_id: str) -> bool:
-        live = self._q("live_holder", (run_id,))
-        if live:
-            raise RunLocked(f"run {run_id!r} is being written by {describe_holder(_parse(live[0][0]))}; stop it before "
-                            "cleaning", run_id=run_id, holder=_parse(live[0][0]))
-        existed = bool(self._q("remove", (run_id,)))
-        self._q("remove_lease", (run_id,))
-        return existed
+        """Take the lease first (a holder whose lease expired is fenced off: its token no longer matches),
+        delete the journal, then release the lease, keeping its row and token: tokens never start over
+        for a run id, so a late renewal can never match a later writer's lease."""
+        try:
+            lease = self._acquire(run_id)
+        except RunLocked as exc:
+            holder = getattr(exc, "holder", None)
+            raise RunLocked(f"run {run_id!r} is being written by {describe_holder(holder)}; stop it before "
+                            "cleaning", run_id=run_id, holder=holder) from None
+        try:
+            return bool(self._q("remove", (run_id,)))
+        finally:
+            lease.release()
 
     @property
     def objects(self) -> Objects:
@@ -442,7 +449,6 @@ def _queries(dialect: str, t: str) -> dict[str, str]:
         "rollback": "ROLLBACK",
         "list": f"SELECT DISTINCT run_id FROM {t} ORDER BY run_id",
         "remove": f"DELETE FROM {t} WHERE run_id = ? RETURNING chunk",
-        "remove_lease": f"DELETE FROM {t}_leases WHERE run_id = ? RETURNING run_id",
         "put": (f"INSERT INTO {t}_objects (key, data) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET data = excluded.data "
                 "RETURNING key"),
         "put_if_absent": f"INSERT INTO {t}_objects (key, data) VALUES (?, ?) ON CONFLICT (key) DO NOTHING RETURNING key",

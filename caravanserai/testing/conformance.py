@@ -256,17 +256,19 @@ class StoreConformance(ObjectsConformance):
         and its append is refused. An expiring lease with a TTL over 5 s is only made late by its own clock."""
         from ..stores.leases import ExpiringLease
 
-        kept, taken = store.acquire(run_id), store.acquire(run_id + "-taken")
+        kept, taken, removed = (store.acquire(run_id + suffix) for suffix in ("", "-taken", "-removed"))
         first, tail = make_lines(run_id, 1)
         store.append(run_id, first, lease=kept, seq=0)
-        if isinstance(kept, ExpiringLease) and isinstance(taken, ExpiringLease):
-            kept._stop.set()  # no background renewals: as if the process were paused or starved
-            taken._stop.set()
-            expired = kept.ttl <= 5
+        expiring = [lease for lease in (kept, taken, removed) if isinstance(lease, ExpiringLease)]
+        if len(expiring) == 3:
+            for lease in expiring:
+                lease._stop.set()  # no background renewals: as if the process were paused or starved
+            expired = expiring[0].ttl <= 5
             if expired:
-                time.sleep(kept.ttl + 0.3)  # past the store's expiry too
-            kept._deadline = taken._deadline = time.monotonic()
-            assert not kept.held and not taken.held
+                time.sleep(expiring[0].ttl + 0.3)  # past the store's expiry too
+            for lease in expiring:
+                lease._deadline = time.monotonic()
+                assert not lease.held
             if expired:
                 taker = store.acquire(run_id + "-taken")  # the expired lease goes to another writer at once
                 assert taker.token > taken.token
@@ -275,7 +277,14 @@ class StoreConformance(ObjectsConformance):
                 with pytest.raises(LeaseLost):
                     store.append(run_id + "-taken", first, lease=taken, seq=0)
                 taker.release()
+                store.remove(run_id + "-removed")  # a removal fences the expired holder off too...
+                again = store.acquire(run_id + "-removed")
+                assert again.token > removed.token  # ...and the run id's tokens do not start over
+                with pytest.raises(LeaseLost):
+                    removed.renew()
+                again.release()
         taken.release()
+        removed.release()
         kept.renew()
         assert kept.held
         more, _ = make_lines(run_id, 1, tail)
