@@ -41,6 +41,7 @@ from ..errors import (
     ObjectConditionalPutRequired,
     ObjectNotFound,
     ObjectPreconditionFailed,
+    RunLocked,
     SequenceMismatch,
     StoreFull,
     StoreUnavailable,
@@ -150,6 +151,13 @@ def _zombie(pid: int, settle: float = 0.2) -> bool:
         return True  # reaped meanwhile
     except (OSError, IndexError):
         return False
+
+
+def removal_refused(run_id: str, locked: RunLocked) -> RunLocked:
+    """The ``RunLocked`` of a removal that found a live writer (what taking the run's lease raised)."""
+    holder = getattr(locked, "holder", None)
+    return RunLocked(f"run {run_id!r} is being written by {describe_holder(holder)}; stop it before cleaning",
+                     run_id=run_id, holder=holder)
 
 
 def describe_holder(holder: dict[str, Any] | None) -> str:

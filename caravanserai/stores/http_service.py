@@ -271,13 +271,19 @@ class JournalService:
     def renew(self, run_id: str, token: int) -> dict:
         with self._lock(run_id):
             held = self._check(run_id, token, "renewal")
-            if not held.backing.held:  # the service was too busy to renew it in time (else its own thread does)
-                try:
-                    held.backing.renew()
-                except LeaseLost as exc:
-                    raise self._refused(run_id, held, exc) from None
+            try:
+                self._catch_up(held)
+            except LeaseLost as exc:
+                raise self._refused(run_id, held, exc) from None
             held.expires_at = self.clock() + held.ttl
             return {"token": held.token, "ttl_ms": int(held.ttl * 1000)}
+
+    @staticmethod
+    def _catch_up(held: _Held) -> None:
+        """Renew the backing lease where its deadline passed (the service was too busy to renew it in
+        time); otherwise its own thread renews it, and this costs nothing."""
+        if not held.backing.held:
+            held.backing.renew()
 
     def _refused(self, run_id: str, held: _Held, exc: LeaseLost) -> Exception:
         """LeaseLost (dropped) if the backing lease is really gone, else StoreUnavailable: not renewed in time, retry."""
@@ -302,8 +308,7 @@ class JournalService:
         with self._lock(run_id):
             held = self._check(run_id, token, "append")
             try:
-                if not held.backing.held:  # the service was too busy to renew it in time
-                    held.backing.renew()
+                self._catch_up(held)
                 self.store.append(run_id, lines, lease=held.backing, seq=seq, sync=sync)
             except LeaseLost as exc:
                 raise self._refused(run_id, held, exc) from None
@@ -369,12 +374,11 @@ class JournalService:
             outcomes: list[Exception | None] = [None] * len(batch)
             members = []
             for i, (held, run_id, seq, lines, _) in enumerate(batch):
-                if not held.backing.held:  # its deadline passed: the service was too busy to renew it in time
-                    try:
-                        held.backing.renew()
-                    except Exception as exc:  # this member's answer; the others commit
-                        outcomes[i] = exc
-                        continue
+                try:
+                    self._catch_up(held)
+                except Exception as exc:  # this member's answer; the others commit
+                    outcomes[i] = exc
+                    continue
                 members.append((i, (run_id, lines, held.backing, seq)))
             try:
                 committed: list = self._batch([write for _, write in members]) if members else []

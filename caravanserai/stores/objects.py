@@ -69,7 +69,17 @@ from ..errors import (
     RunLocked,
     StoreUnavailable,
 )
-from .base import IfVersion, Objects, PrefixedObjects, PutMode, Store, describe_holder, holder_info, holder_is_dead
+from .base import (
+    IfVersion,
+    Objects,
+    PrefixedObjects,
+    PutMode,
+    Store,
+    describe_holder,
+    holder_info,
+    holder_is_dead,
+    removal_refused,
+)
 from .leases import DEFAULT_TTL_MS, ExpiringLease, check_lease_ttl
 from .obstore_objects import ObstoreObjects, _obstore, is_panic
 from .urls import first_line, parse_bool, parse_options, redact, split_url
@@ -617,9 +627,7 @@ class BucketStore(Store):
             try:
                 claimed = self._claim(run_id, {**holder_info(), "removing": True})
             except RunLocked as exc:
-                holder = getattr(exc, "holder", None)
-                raise RunLocked(f"run {run_id!r} is being written by {describe_holder(holder)}; stop it before "
-                                "cleaning", run_id=run_id, holder=holder) from None
+                raise removal_refused(run_id, exc) from None
         self._bucket.delete(self._head_key(run_id))  # first: a reader without it probes the chunks
         self._delete(self._bucket.list(f"{self.prefix}segments/{run_id}/"))  # then segments: a reader sees chunks
         chunks = self._chunks(run_id)

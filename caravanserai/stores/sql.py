@@ -49,7 +49,17 @@ from ..errors import (
     StoreFull,
     StoreUnavailable,
 )
-from .base import Lease, Objects, PutMode, Store, describe_holder, holder_info, holder_is_dead, os_failure
+from .base import (
+    Lease,
+    Objects,
+    PutMode,
+    Store,
+    describe_holder,
+    holder_info,
+    holder_is_dead,
+    os_failure,
+    removal_refused,
+)
 from .group_commit import GroupCommit, Member
 from .leases import DEFAULT_TTL_MS, ExpiringLease, check_lease_ttl
 from .urls import first_line, parse_options, split_url
@@ -368,9 +378,7 @@ class SqlStore(Store):
         try:
             lease = self._acquire(run_id)
         except RunLocked as exc:
-            holder = getattr(exc, "holder", None)
-            raise RunLocked(f"run {run_id!r} is being written by {describe_holder(holder)}; stop it before "
-                            "cleaning", run_id=run_id, holder=holder) from None
+            raise removal_refused(run_id, exc) from None
         try:
             return bool(self._q("remove", (run_id,)))
         finally:
