@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -191,6 +192,38 @@ def test_a_read_tool_call_costs_one_fdatasync(tmp_path, monkeypatch):
         assert len(synced) == 12  # any other effect's intent is durable before the call goes out
     events = store.events("one-sync")
     assert [e["result"]["i"] for e in events if e["type"] == "tool_settled"] == list(range(-1, 11))
+
+
+def test_ctrl_c_while_the_store_writes_arrives_once_the_append_is_whole(tmp_path, monkeypatch):
+    """A real SIGINT raised inside the store's append reaches the handler that was in place only after
+    the line is on disk and counted; a second one interrupts at once; the handler is put back."""
+    store = LocalStore(tmp_path / "s")
+    delivered: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: delivered.append(signum))
+    try:
+        with caravanserai.durable("ctrl-c", store=store) as run:
+            run.call_tool(_step, {"i": 0}, name="step")
+            real = store.append
+
+            def interrupted_write(*args, **kwargs):
+                before = len(delivered)
+                signal.raise_signal(signal.SIGINT)
+                assert len(delivered) == before  # noted, not delivered, while the store writes
+                return real(*args, **kwargs)
+
+            monkeypatch.setattr(store, "append", interrupted_write)
+            run.call_tool(_step, {"i": 1}, name="step")
+            assert delivered == [signal.SIGINT, signal.SIGINT]  # the intent's append and the result's
+            monkeypatch.setattr(store, "append", lambda *a, **k: (signal.raise_signal(signal.SIGINT),
+                                                                  signal.raise_signal(signal.SIGINT), real(*a, **k))[2])
+            run.call_tool(_step, {"i": 2}, name="step")
+            monkeypatch.setattr(store, "append", real)
+        assert delivered == [signal.SIGINT] * 6  # the second Ctrl-C of a hanging write went through at once
+        assert signal.getsignal(signal.SIGINT).__name__ == "<lambda>"  # the caller's handler, put back
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    results = [e["result"]["i"] for e in store.events("ctrl-c") if e["type"] == "tool_settled"]
+    assert results == [0, 1, 2]  # every line whole and chained
 
 
 # ---- d. SIGKILL ---------------------------------------------------------------------------------

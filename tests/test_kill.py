@@ -4,7 +4,9 @@ a. 200+ (``CARAVANSERAI_KILLS``) random SIGKILLs of a tight checkpoint loop accu
    journal (a fresh run every 50 kills): nothing acknowledged is lost, numbering is contiguous,
    note and state always belong together, and the views agree with the journal once refreshed.
 b. Two processes on one run: the second gets RunLocked naming the first's pid and host, nothing
-   is corrupted, and after the first is SIGKILLed the second takes over and continues numbering.
+   is corrupted, and after the first is SIGKILLed the second takes over and continues numbering;
+   a child forked by a writer neither appends through its copy of the writer nor keeps the run
+   locked once the writer is SIGKILLed (local store and SQLite).
 c. The seed README's two code samples, verbatim, SIGKILLed mid-run and re-run: they resume,
    redo at most one item per kill, process everything, and a finished re-run does nothing.
    Also: a reader re-rendering stale views must not lock a writer out; kills mid-render must not
@@ -37,6 +39,7 @@ from conftest import kill9, load_child_module
 import caravanserai
 from caravanserai import journal
 from caravanserai.runs import read_events
+from caravanserai.stores.local.store import HOLDER_WAIT
 
 PYTHON = sys.executable
 TESTS = Path(__file__).resolve().parent
@@ -337,6 +340,82 @@ def test_second_process_gets_run_locked_then_takes_over_after_sigkill(project: P
     assert [e.get("pid") for e in attempts] == [holder.pid, report["pid"]]
     assert caravanserai.load_latest("shared") == ({"step": -1, "by": "B"}, "B was here", last_a + 1)
     check_views(project / ".caravanserai" / "shared", waypoints[-1])
+
+
+FORKER = r"""
+import os, sys, time
+import caravanserai
+with caravanserai.durable("forked", store=sys.argv[1] if len(sys.argv) > 1 else None) as run:
+    run.checkpoint({"by": "parent"}, "before the fork")
+    child = os.fork()  # as multiprocessing's fork start method does: the child inherits every descriptor
+    if child == 0:
+        try:
+            run.checkpoint({"by": "child"}, "from the child")
+            print("CHILD WROTE", flush=True)
+        except caravanserai.LeaseLost:
+            print("CHILD REFUSED", flush=True)
+        time.sleep(120)  # a worker that outlives its parent
+        os._exit(0)
+    print(f"FORKED {child}", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_forked_child_neither_writes_nor_keeps_the_run_locked_after_the_writer_is_killed(
+        project: Path, child_env: dict[str, str]) -> None:
+    """The lock is a flock on an open file that a forked child shares: without closing its copies the child
+    kept the run locked after the writer was SIGKILLed (RunLocked for as long as the child lived), and
+    the child's inherited writer could append into the parent's journal."""
+    writer = subprocess.Popen([PYTHON, "-c", FORKER], cwd=project, env=_env(child_env), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    child_pid = None
+    try:
+        lines = [writer.stdout.readline().strip() for _ in range(2)]
+        child_pid = next(int(line.split()[1]) for line in lines if line.startswith("FORKED"))
+        assert "CHILD REFUSED" in lines, (lines, writer.stderr.read() if writer.poll() is not None else "")
+        kill9(writer)
+        os.kill(child_pid, 0)  # the child still runs, holding its copies of the parent's descriptors (now closed)
+        started = time.monotonic()
+        with caravanserai.durable("forked") as run:  # the kernel dropped the writer's flock: taken over at once
+            took = time.monotonic() - started
+            assert run.state == {"by": "parent"}
+            run.checkpoint({"by": "next"}, "after the takeover")
+        assert took < HOLDER_WAIT, f"takeover waited {took:.2f} s (a lock nobody live holds is waited on that long)"
+        events = read_events("forked")  # verified: numbering and hash chain
+        assert [e["state"]["by"] for e in events if e["type"] == "waypoint"] == ["parent", "next"]
+    finally:
+        kill9(writer)
+        if child_pid is not None:
+            try:
+                os.kill(child_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        writer.stdout.close()
+        writer.stderr.close()
+
+
+def test_a_forked_child_cannot_append_through_an_expiring_lease(project: Path, child_env: dict[str, str]) -> None:
+    """The same on a store whose lease is a row with a TTL (SQLite): the child's copy of the lease carries the
+    parent's token, so only forgetting it in the child keeps the child's appends out of the parent's run."""
+    store = f"sqlite:///{project / 'runs.db'}"
+    writer = subprocess.Popen([PYTHON, "-c", FORKER, store], cwd=project, env=_env(child_env), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    child_pid = None
+    try:
+        lines = [writer.stdout.readline().strip() for _ in range(2)]
+        child_pid = next((int(line.split()[1]) for line in lines if line.startswith("FORKED")), None)
+        assert "CHILD REFUSED" in lines, (lines, writer.stderr.read() if writer.poll() is not None else "")
+        events = read_events("forked", store)
+        assert [e["state"]["by"] for e in events if e["type"] == "waypoint"] == ["parent"]
+    finally:
+        kill9(writer)
+        if child_pid is not None:
+            try:
+                os.kill(child_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        writer.stdout.close()
+        writer.stderr.close()
 
 
 WRITER = r"""

@@ -545,6 +545,30 @@ def test_service_lets_the_backing_lease_go_one_ttl_after_a_client_lease_expired(
         service.close()
 
 
+def test_a_stale_client_never_meets_its_token_again_after_a_restart_and_a_re_created_run(tmp_path):
+    """A local directory forgets a removed run's tokens: a service started again must still not grant a token
+    that a client of its previous instance holds, or that client's late append would land in the new run."""
+    from caravanserai.stores.http_service import JournalService
+    from caravanserai.stores.local.store import LocalStore
+
+    first = JournalService(LocalStore(tmp_path / "backing"), reap_every=3600)
+    stale = first.acquire("again", {"pid": 1}, 3000)
+    first.append("again", stale["token"], 0, make_lines("again", 1)[0], True)
+    first.close()  # the service restarts; its client does not know yet
+    second = JournalService(LocalStore(tmp_path / "backing"), reap_every=3600)
+    try:
+        assert second.remove("again")
+        fresh = second.acquire("again", {"pid": 2}, 3000)
+        assert fresh["token"] > stale["token"] and fresh["next_seq"] == 0
+        with pytest.raises(LeaseLost):
+            second.append("again", stale["token"], 0, make_lines("again", 1)[0], True)
+        with pytest.raises(LeaseLost):
+            second.renew("again", stale["token"])
+        assert second.store.load("again") == []
+    finally:
+        second.close()
+
+
 def test_a_backing_lease_the_service_cannot_renew_in_time_is_a_retry_not_a_lost_lease(tmp_path):
     """The service too busy to renew its own lease on the backing store, and the store briefly unreachable:
     the client's append (batched or not) and renew get 503 store_unavailable and keep the run; once the

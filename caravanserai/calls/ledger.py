@@ -232,9 +232,11 @@ def record_from_event(run_id: str, event: dict, attempt: int) -> CallRecord:
 class Ledger:
     """Meter, receipt and replay window of one run attempt."""
 
-    def __init__(self, run_id: str, events: Sequence[dict], attempt: int) -> None:
+    def __init__(self, run_id: str, events: Sequence[dict], attempt: int | None = None, *,
+                 segments: Segments | None = None) -> None:
+        """``attempt`` None: the one after the journal's last (``segments``, if given, is fed the journal:
+        a writer opening a run keeps it, so the journal is walked once)."""
         self.run_id = run_id
-        self.attempt = attempt
         self.budget: Budget | None = None
         self.records: list[CallRecord] = []
         self._replay: dict[tuple, deque[dict]] = defaultdict(deque)
@@ -245,7 +247,7 @@ class Ledger:
         self.in_flight: dict[str, tuple[float, int]] = {}  # call id -> (worst USD, worst tokens) of calls under way
         started: dict[str | None, dict] = {}  # keyed as the journal gives them: a damaged event may lack its call_id
         window_start = 0  # index of the first event after the last boundary
-        segments = Segments()
+        segments = Segments() if segments is None else segments
         self._settlements: dict[str | None, dict] = {}
         self.calls_started = 0
         for index, event in enumerate(events):
@@ -269,6 +271,7 @@ class Ledger:
                 started.pop(event.get("call_id"), None)
             elif etype in BOUNDARIES:
                 window_start = index + 1
+        self.attempt = attempt = segments.number + 1 if attempt is None else attempt
         window = [e for e in events[window_start:] if e["type"] in CALL_EVENTS]
         for event in window:
             if event["type"] == "call_settled":

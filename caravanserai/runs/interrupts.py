@@ -11,7 +11,7 @@ person pressing it wants. Elsewhere than the main thread (where no signal handle
 
 from __future__ import annotations
 
-import signal
+import _signal  # signal.signal's C function: the Python wrapper's enum conversions cost more than the swap
 import threading
 from types import TracebackType
 from typing import Any
@@ -19,6 +19,9 @@ from typing import Any
 __all__ = ["interrupts_deferred"]
 
 _MAIN = threading.main_thread().ident
+_SIGINT = int(_signal.SIGINT)
+_swap = _signal.signal
+_get_ident = threading.get_ident
 
 
 class interrupts_deferred:  # noqa: N801 - used as a context manager, like contextlib's
@@ -29,21 +32,20 @@ class interrupts_deferred:  # noqa: N801 - used as a context manager, like conte
 
     def __enter__(self) -> interrupts_deferred:
         self.caught: tuple[int, Any] | None = None
-        self.previous: Any = None
-        if threading.get_ident() == _MAIN:  # signal handlers run only there
-            self.previous = signal.signal(signal.SIGINT, self._note)
+        self.previous: Any = _swap(_SIGINT, self._note) if _get_ident() == _MAIN else None  # handlers run only there
         return self
 
     def _note(self, signum: int, frame: Any) -> None:
         self.caught = (signum, frame)
-        signal.signal(signal.SIGINT, self.previous)  # a second Ctrl-C (a store I/O that hangs) interrupts at once
+        _swap(_SIGINT, self.previous)  # a second Ctrl-C (a store I/O that hangs) interrupts at once
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
-        if self.previous is None:
+        previous = self.previous
+        if previous is None:
             return
-        signal.signal(signal.SIGINT, self.previous)
+        _swap(_SIGINT, previous)
         if self.caught is not None and kind is None:
-            if callable(self.previous):
-                self.previous(*self.caught)
-            elif self.previous == signal.SIG_DFL:  # no Python handler: the default action, now
-                signal.raise_signal(signal.SIGINT)
+            if callable(previous):
+                previous(*self.caught)
+            elif previous == _signal.SIG_DFL:  # no Python handler: the default action, now
+                _signal.raise_signal(_SIGINT)

@@ -109,15 +109,14 @@ class Run:
         self.loops = LoopBook()  # resumable_iterate's progress over this run, and its loops running now
         self.notebook = NotebookHooks()  # a %%resumable cell's variables and status line
         self._first: dict | None = events[0] if events else None
-        index, segments = self._index, self.segments
+        index = self._index
         for event in events:
-            segments.feed(event)
             if event["type"] in _INDEXED:
                 index(event)
-        self.attempt = segments.number + 1
+        self.ledger = Ledger(run_id, events, segments=self.segments)  # feeds self.segments the journal
+        self.attempt = self.ledger.attempt
         self._header: list[dict] = [self._attempt_event(events, started)] if attempt or not events else []
         self.replayed: list[str] = []  # calls answered from the journal, recorded with the next append
-        self.ledger = Ledger(run_id, events, self.attempt)
         self.http_journal = True  # False: model requests over httpx/httpx2 are not journaled (durable(http_journal=False))
         self._proxy: Any = None
 

@@ -26,6 +26,7 @@ import json
 import os
 import socket
 import time
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -166,6 +167,20 @@ def describe_holder(holder: dict[str, Any] | None) -> str:
     return f"pid {holder.get('pid', '?')} on {holder.get('host', '?')} since {holder.get('since', '?')}"
 
 
+HELD_LEASES: weakref.WeakSet[Lease] = weakref.WeakSet()  # acquired and not released by this process
+
+
+def _forget_leases_in_child() -> None:
+    """A forked child holds no lease: every one the parent held is forgotten there (``forget_in_child``)."""
+    for lease in list(HELD_LEASES):
+        lease.forget_in_child()
+    HELD_LEASES.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_leases_in_child)
+
+
 class Lease(ABC):
     """Exclusive right to append to one run. ``token`` is the fencing token (grows on takeover);
     ``next_seq`` is the seq the next append must carry (``Store.append`` checks and advances it)."""
@@ -204,10 +219,17 @@ class Lease(ABC):
     def release(self) -> None:
         if not self._released:
             self._released = True
+            HELD_LEASES.discard(self)
             self._release()
 
     @abstractmethod
     def _release(self) -> None: ...
+
+    def forget_in_child(self) -> None:
+        """In a process forked while this lease was held: this copy must neither append (it carries the
+        parent's token, so fencing cannot tell the two apart) nor release the lease the parent still
+        holds; it refuses with ``LeaseLost``. Backends holding OS resources also close their copies."""
+        self._released = True
 
     def __enter__(self) -> Lease:
         return self
@@ -506,7 +528,9 @@ class Store(ABC):
         """Take the run's exclusive writer lease; RunLocked naming the holder if another has it."""
         run_id = validate_run_id(run_id)
         with self._os_errors(f"opening run {run_id!r} for writing"):
-            return self._acquire(run_id)
+            lease = self._acquire(run_id)
+        HELD_LEASES.add(lease)
+        return lease
 
     def load_held(self, lease: Lease) -> list[str]:
         """``load`` for the holder of ``lease`` (a backend may reuse what acquiring just read)."""

@@ -151,6 +151,7 @@ class JournalService:
         self.clock = clock
         self._held: dict[str, _Held] = {}
         self._last_token: dict[str, int] = {}
+        self._token_floor = time.time_ns() // 1000  # above an earlier instance's tokens: a backing may forget them
         self._table = threading.Lock()
         self._stripes = [threading.Lock() for _ in range(256)]  # runs sharing a stripe wait for each other
         self._views = type(store)._committed is not Store._committed
@@ -234,7 +235,7 @@ class JournalService:
             backing = self.store.acquire(run_id)  # RunLocked if a writer outside the service holds it
             try:
                 lines = self.store.load_held(backing)
-                token = max(int(backing.token), self._last_token.get(run_id, 0) + 1)
+                token = max(int(backing.token), self._last_token.get(run_id, 0) + 1, self._token_floor)
                 held = _Held(token, {**holder, "token": token}, lease_id, ttl_ms / 1000, self.clock() + ttl_ms / 1000,
                              backing)
                 with self._table:
@@ -280,8 +281,7 @@ class JournalService:
 
     @staticmethod
     def _catch_up(held: _Held) -> None:
-        """Renew the backing lease where its deadline passed (the service was too busy to renew it in
-        time); otherwise its own thread renews it, and this costs nothing."""
+        """Renew the backing lease where its deadline passed (the service too busy); else its thread does."""
         if not held.backing.held:
             held.backing.renew()
 

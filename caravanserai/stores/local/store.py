@@ -79,6 +79,19 @@ class LocalLease(Lease):
                 self.journal_fd = None
             _unlock(self.lock_fd, self.token)
 
+    def forget_in_child(self) -> None:
+        """``Lease.forget_in_child``, and close the inherited descriptors without unlocking: the flock belongs
+        to the open file the parent shares (``LOCK_UN`` would drop the parent's lock), and a child keeping
+        it would keep the run locked after the parent died."""
+        super().forget_in_child()
+        for fd in (self.journal_fd, self.lock_fd):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.journal_fd = None
+
 
 class LocalStore(Store):
     """Runs as directories under ``root`` (default ``./.caravanserai``)."""
