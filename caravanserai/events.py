@@ -43,6 +43,10 @@ def fork_origin(event: dict) -> dict | None:
     return None
 
 
+#: The events ``Segments.feed`` acts on: every other event leaves it as it was.
+SEGMENT_EVENTS = frozenset({"run_started", "attempt", "restarted", "cell_edited", "forked"})
+
+
 class Segments:
     """The attempt bookkeeping of a journal, fed one event at a time (``feed``).
 

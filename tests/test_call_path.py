@@ -35,6 +35,7 @@ from caravanserai.stores.local import views
 from caravanserai.stores.local.store import LocalStore
 
 TOOL_LOOP = Path(__file__).resolve().parent / "children" / "tool_loop.py"
+REPO = Path(__file__).resolve().parent.parent
 AT = "2026-11-30T16:40:00.123456+00:00"
 
 
@@ -281,3 +282,26 @@ def test_sigkilled_tool_loop_keeps_every_acknowledged_result(tmp_path, child_env
         assert done == last
     assert read_events(run_id, store=str(store_path))[-1]["type"] == "run_completed"
     assert acknowledged == set(range(max(acknowledged) + 1))
+
+
+def test_segments_change_only_on_the_events_the_ledger_feeds_them():
+    """The ledger feeds ``Segments`` only ``SEGMENT_EVENTS`` (one call fewer per journaled call): every
+    other event type the journal format documents leaves a segment's bookkeeping as it was."""
+    import re
+
+    from caravanserai.events import BOUNDARIES, CALL_EVENTS, SEGMENT_EVENTS, Segments
+
+    text = (REPO / "docs" / "journal-format.md").read_text()
+    later = re.search(r"^Later layers add (.*?) with the same envelope", text, re.M | re.S)
+    assert later is not None
+    documented = ((set(re.findall(r"^\| `([a-z_]+)`", text, re.M)) - set(RESERVED_FIELDS))
+                  | set(re.findall(r"`([a-z_]+)`", later.group(1))) | set(CALL_EVENTS) | set(BOUNDARIES))
+    assert SEGMENT_EVENTS <= documented and {"tool_intent", "waypoint", "turn"} <= documented
+    started = {"type": "run_started", "run_id": "r", "agent_id": "a", "at": AT}
+    for etype in sorted(documented - SEGMENT_EVENTS):
+        segments = Segments.of([started, {"type": "attempt", "at": AT}])
+        before = {name: getattr(segments, name) for name in Segments.__slots__}
+        event = {"type": etype, "at": AT, "parent_run": "r", "cell_source": "x", "agent_id": "b",
+                 "forked_from": {"run_id": "p", "copied": 1}}
+        assert segments.feed(event) is None, etype
+        assert {name: getattr(segments, name) for name in Segments.__slots__} == before, etype

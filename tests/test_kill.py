@@ -361,18 +361,77 @@ with caravanserai.durable("forked", store=sys.argv[1] if len(sys.argv) > 1 else 
 """
 
 
+FORK_DURING_ACQUIRE = r"""
+import os, threading, time
+import caravanserai
+from caravanserai.stores.local.store import LocalStore
+
+opening, forked = threading.Event(), threading.Event()
+open_journal = LocalStore._open_journal
+
+
+def slow_open(self, lease):  # the lock is taken and the journal open: another thread forks now
+    open_journal(self, lease)
+    opening.set()
+    forked.wait(30)
+
+
+def fork_from_another_thread():
+    opening.wait(30)
+    child = os.fork()
+    if child == 0:
+        time.sleep(120)
+        os._exit(0)
+    print(f"FORKED {child}", flush=True)
+    forked.set()
+
+
+LocalStore._open_journal = slow_open
+threading.Thread(target=fork_from_another_thread, daemon=True).start()
+with caravanserai.durable("forked") as run:
+    run.checkpoint({"by": "parent"}, "before the kill")
+    print("CHILD REFUSED", flush=True)  # nothing for the child to try here: it never held the lease
+    time.sleep(120)
+"""
+
+
+def _forker(script: str, project: Path, env: dict[str, str], *args: str) -> tuple[subprocess.Popen, list[str], int | None]:
+    """Start ``script``; its first two lines (within 60 s) and the pid of the child it forked."""
+    proc = subprocess.Popen([PYTHON, "-c", script, *args], cwd=project, env=_env(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    lines: list[str] = []
+    deadline = time.monotonic() + 60
+    while len(lines) < 2 and time.monotonic() < deadline and select.select([proc.stdout], [], [], 1)[0]:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line.strip())
+    child = next((int(line.split()[1]) for line in lines if line.startswith("FORKED")), None)
+    return proc, lines, child
+
+
+def _stop_forker(proc: subprocess.Popen, child: int | None) -> None:
+    kill9(proc)
+    if child is not None:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.stdout.close()
+    proc.stderr.close()
+
+
+@pytest.mark.parametrize("script", [FORKER, FORK_DURING_ACQUIRE], ids=["while-held", "during-acquire"])
 def test_a_forked_child_neither_writes_nor_keeps_the_run_locked_after_the_writer_is_killed(
-        project: Path, child_env: dict[str, str]) -> None:
+        project: Path, child_env: dict[str, str], script: str) -> None:
     """The lock is a flock on an open file that a forked child shares: without closing its copies the child
     kept the run locked after the writer was SIGKILLed (RunLocked for as long as the child lived), and
-    the child's inherited writer could append into the parent's journal."""
-    writer = subprocess.Popen([PYTHON, "-c", FORKER], cwd=project, env=_env(child_env), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-    child_pid = None
+    the child's inherited writer could append into the parent's journal. A fork from another thread
+    while the writer was still opening the run (the lock taken, the journal being read) counts too."""
+    writer, lines, child_pid = _forker(script, project, child_env)
     try:
-        lines = [writer.stdout.readline().strip() for _ in range(2)]
-        child_pid = next(int(line.split()[1]) for line in lines if line.startswith("FORKED"))
-        assert "CHILD REFUSED" in lines, (lines, writer.stderr.read() if writer.poll() is not None else "")
+        assert child_pid is not None and "CHILD REFUSED" in lines, (
+            lines, writer.stderr.read() if writer.poll() is not None else "")
         kill9(writer)
         os.kill(child_pid, 0)  # the child still runs, holding its copies of the parent's descriptors (now closed)
         started = time.monotonic()
@@ -384,38 +443,21 @@ def test_a_forked_child_neither_writes_nor_keeps_the_run_locked_after_the_writer
         events = read_events("forked")  # verified: numbering and hash chain
         assert [e["state"]["by"] for e in events if e["type"] == "waypoint"] == ["parent", "next"]
     finally:
-        kill9(writer)
-        if child_pid is not None:
-            try:
-                os.kill(child_pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        writer.stdout.close()
-        writer.stderr.close()
+        _stop_forker(writer, child_pid)
 
 
 def test_a_forked_child_cannot_append_through_an_expiring_lease(project: Path, child_env: dict[str, str]) -> None:
     """The same on a store whose lease is a row with a TTL (SQLite): the child's copy of the lease carries the
     parent's token, so only forgetting it in the child keeps the child's appends out of the parent's run."""
     store = f"sqlite:///{project / 'runs.db'}"
-    writer = subprocess.Popen([PYTHON, "-c", FORKER, store], cwd=project, env=_env(child_env), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-    child_pid = None
+    writer, lines, child_pid = _forker(FORKER, project, child_env, store)
     try:
-        lines = [writer.stdout.readline().strip() for _ in range(2)]
-        child_pid = next((int(line.split()[1]) for line in lines if line.startswith("FORKED")), None)
-        assert "CHILD REFUSED" in lines, (lines, writer.stderr.read() if writer.poll() is not None else "")
+        assert child_pid is not None and "CHILD REFUSED" in lines, (
+            lines, writer.stderr.read() if writer.poll() is not None else "")
         events = read_events("forked", store)
         assert [e["state"]["by"] for e in events if e["type"] == "waypoint"] == ["parent"]
     finally:
-        kill9(writer)
-        if child_pid is not None:
-            try:
-                os.kill(child_pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        writer.stdout.close()
-        writer.stderr.close()
+        _stop_forker(writer, child_pid)
 
 
 WRITER = r"""

@@ -97,3 +97,29 @@ def test_schema_rejects_bad_names():
         SqlDurableStore.schema("oracle")
     with pytest.raises(ValueError):
         SqlDurableStore.schema("sqlite", table="x; DROP TABLE y")
+
+
+def test_a_writer_reads_the_journal_once_to_open_a_run_and_a_removal_reads_none(tmp_path, monkeypatch):
+    """acquire reads the journal (its length is the next seq) and load_held hands those lines over; a
+    removal takes the lease but never appends, so it reads nothing (a long run's journal was read
+    twice to open it, and once more to remove it)."""
+    import caravanserai
+
+    store = SqliteStore(str(tmp_path / "runs.db"))
+    try:
+        with caravanserai.durable("once", store=store) as run:
+            for n in range(3):
+                run.checkpoint({"n": n}, f"step {n}")
+        queries: list[str] = []
+        real = store._q
+        monkeypatch.setattr(store, "_q", lambda name, params: (queries.append(name), real(name, params))[1])
+        with caravanserai.durable("once", store=store) as run:
+            assert run.state == {"n": 2}
+            run.checkpoint({"n": 3}, "step 3")
+        assert queries.count("load") == 1, queries
+        queries.clear()
+        assert store.remove("once")
+        assert "load" not in queries, queries
+        assert store.load("once") == []
+    finally:
+        store.close()

@@ -107,6 +107,32 @@ def test_the_hardening_table_names_real_tests():
 
 
 # ---- the key ------------------------------------------------------------------------------------
+def test_the_launch_is_signed_when_the_attempt_is_written_not_when_the_run_opens(monkeypatch):
+    """Signing loads the key (~15 ms: most of re-running a finished run in a fresh process). It happens
+    when the attempt's first event is written, over what that event records; a run opened and never
+    written signs nothing."""
+    from caravanserai.runs.trust import launch_payload
+
+    store = open_store(f"memory://{uuid.uuid4().hex[:8]}")
+    asked: list[int] = []
+    real = signing.signer
+    monkeypatch.setattr(signing, "signer", lambda: (asked.append(1), real())[1])
+    with caravanserai.durable("lazy", store=store) as run:
+        assert asked == []  # opened: nothing signed yet
+        run.checkpoint({"n": 1}, "one")
+        assert len(asked) == 1
+    asked.clear()
+    with caravanserai.durable("lazy", store=store) as run:  # finished: entered again, nothing written
+        assert run.completed and run.state == {"n": 1}
+    assert asked == []
+    started = store.events("lazy")[0]
+    me = signing.identity()
+    message = signing.item_message("command", "launch", signing.sha256(launch_payload(started)))
+    assert started["launch_signed"]["key"] == me.public
+    assert signing.verify(me.public, message, started["launch_signed"]["sig"])
+    assert list(started)[-2:] == ["caravanserai", "launch_signed"]  # where it always was: after the launch fields
+
+
 def test_the_key_is_made_private_on_first_use_and_refused_when_exposed(tmp_path, monkeypatch):
     monkeypatch.delenv("CARAVANSERAI_KEY_FILE")
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))

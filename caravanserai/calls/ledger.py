@@ -18,7 +18,7 @@ from typing import Any
 
 from .._html import bundle, table
 from ..errors import BudgetExceeded, JournalCorruptionError
-from ..events import BOUNDARIES, CALL_EVENTS, Segments
+from ..events import BOUNDARIES, CALL_EVENTS, SEGMENT_EVENTS, Segments
 from ..journal import digest
 from .pricing import PRICE_LABEL, estimate_usd, usd_text
 
@@ -252,7 +252,8 @@ class Ledger:
         self.calls_started = 0
         for index, event in enumerate(events):
             etype = event["type"]
-            segments.feed(event)
+            if etype in SEGMENT_EVENTS:  # the others leave it as it was: no call for each journaled call
+                segments.feed(event)
             if etype == "tool_intent":
                 self.unsettled_intents[event["call_id"]] = event
                 self.calls_started += 1

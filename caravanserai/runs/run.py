@@ -56,8 +56,9 @@ class Waypoint:
         return bundle(f"waypoint {self.n} ({self.at})\n\n{self.note}\n\nstate: {state}", body)
 
 
-def launch_info() -> dict[str, Any]:
-    """How this process was started, so ``caravanserai resume`` can replay it faithfully."""
+def launch_info(*, sign: bool = True) -> dict[str, Any]:
+    """How this process was started, so ``caravanserai resume`` can replay it faithfully (``sign=False``:
+    without ``launch_signed``, which loading the signing key makes the slow part)."""
     info: dict[str, Any] = {
         "pid": os.getpid(),
         "host": socket.gethostname(),
@@ -67,8 +68,28 @@ def launch_info() -> dict[str, Any]:
         "python": sys.version.split()[0],
         "caravanserai": __version__,
     }
+    if not sign:
+        return info
     signed = sign_item("command", "launch", launch_payload(info))  # resume runs it without asking only if trusted
     return info if signed is None else {**info, "launch_signed": signed}
+
+
+class _SignWhenWritten:
+    """The place of an attempt's ``launch_signed`` until it is written (never JSON: it cannot reach a line)."""
+
+
+_SIGN_WHEN_WRITTEN = _SignWhenWritten()
+
+
+def _sign_launch(event: dict) -> None:
+    """Sign the launch of an attempt's first event as it is written, not when the run opens: loading the
+    signing key takes ~15 ms, which a run opened and never written (a finished run re-run) never pays."""
+    if event.get("launch_signed") is _SIGN_WHEN_WRITTEN:
+        signed = sign_item("command", "launch", launch_payload(event))
+        if signed is None:
+            del event["launch_signed"]
+        else:
+            event["launch_signed"] = signed
 
 
 _INDEXED = frozenset({"run_started", "attempt", "waypoint", "progress", "run_completed", "run_failed", "restarted",
@@ -197,6 +218,8 @@ class Run:
                     events = tuple({**e, "names": names} if i == commits[-1] else e for i, e in enumerate(events))
             pending: Sequence[dict] = events
             if self._header or self.replayed:
+                if self._header:
+                    _sign_launch(self._header[0])
                 replays = [{"type": "replayed", "calls": self.replayed}] if self.replayed else []
                 pending = [*self._header, *replays, *events]
             lines, encoded, stored, tail = journal.encode_stored(pending, self._tail, sign=self.store.journal_signer)
@@ -348,7 +371,7 @@ class Run:
     def _attempt_event(self, events: Sequence[dict], started: dict | None) -> dict:
         """The attempt's first event, stamped now: it is written with the first append, but the
         attempt began when the run was opened (a first step's duration counts from here)."""
-        info = {"at": journal.utc_now(), **launch_info()}
+        info = {"at": journal.utc_now(), **launch_info(sign=False), "launch_signed": _SIGN_WHEN_WRITTEN}
         if not events:
             return {"type": "run_started", "run_id": self.run_id, **info, **(started or {})}
         return {"type": "attempt", "attempt": self.attempt, **info}

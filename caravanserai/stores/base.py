@@ -192,6 +192,7 @@ class Lease(ABC):
         self.holder = holder
         self.next_seq = next_seq
         self._released = False
+        self.snapshot: list[str] | None = None  # the journal's lines as acquire read them (``load_held`` takes them)
 
     @property
     def held(self) -> bool:
@@ -228,7 +229,8 @@ class Lease(ABC):
     def forget_in_child(self) -> None:
         """In a process forked while this lease was held: this copy must neither append (it carries the
         parent's token, so fencing cannot tell the two apart) nor release the lease the parent still
-        holds; it refuses with ``LeaseLost``. Backends holding OS resources also close their copies."""
+        holds; it refuses with ``LeaseLost``. (The local store's lock and journal descriptors are closed in
+        the child by ``local.files.owned_fds_closed_in_child``.)"""
         self._released = True
 
     def __enter__(self) -> Lease:
@@ -580,7 +582,10 @@ class Store(ABC):
     def _remove(self, run_id: str) -> bool: ...
 
     def _load_held(self, lease: Lease) -> builtins.list[str]:
-        return self._load(lease.run_id)
+        """The lines the lease's acquire read (``lease.snapshot``: handed over once, valid only right after
+        acquire), else a read; a backend that keeps its holder's lines up to date overrides this."""
+        snapshot, lease.snapshot = lease.snapshot, None
+        return self._load(lease.run_id) if snapshot is None else snapshot
 
     def _close(self) -> None:  # noqa: B027 - optional hook: backends without connections keep the no-op
         """Release the backend's connections (default: nothing to release)."""

@@ -90,8 +90,8 @@ class HttpLease(ExpiringLease):
 
     def __init__(self, store: HttpStore, run_id: str, token: int, holder: dict, ttl: float, started: float,
                  next_seq: int, snapshot: list[str]) -> None:
-        self.snapshot: list[str] | None = snapshot
         super().__init__(store, run_id, token, holder, ttl, started=started, next_seq=next_seq)
+        self.snapshot = snapshot
 
     def _renew(self) -> None:
         self.store._post(f"runs/{self.store._run(self.run_id)}/renew", {"token": self.token}, run_id=self.run_id)
@@ -318,12 +318,6 @@ class HttpStore(Store):
     # ---- journal face --------------------------------------------------------------------
     def _load(self, run_id: str) -> list[str]:
         return list(self._json(self._request("GET", f"runs/{self._run(run_id)}", run_id=run_id))["lines"])
-
-    def _load_held(self, lease: Lease) -> list[str]:
-        if not isinstance(lease, HttpLease) or lease.snapshot is None:
-            return self._load(lease.run_id)
-        snapshot, lease.snapshot = lease.snapshot, None  # only valid right after acquire
-        return snapshot
 
     def _acquire(self, run_id: str) -> HttpLease:
         started = time.monotonic()

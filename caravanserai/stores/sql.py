@@ -94,9 +94,10 @@ class SqlLease(ExpiringLease):
     store: SqlStore
 
     def __init__(self, store: SqlStore, run_id: str, token: int, holder: dict, ttl: float, started: float,
-                 next_chunk: int, next_seq: int) -> None:
+                 next_chunk: int, next_seq: int, snapshot: list[str] | None = None) -> None:
         self.next_chunk = next_chunk
         super().__init__(store, run_id, token, holder, ttl, started=started, next_seq=next_seq)
+        self.snapshot = snapshot
 
     def _renew(self) -> None:
         rows = self.store._q("renew", (self.store.ttl_ms, self.run_id, self.token))
@@ -246,7 +247,9 @@ class SqlStore(Store):
                 lines.extend(text.split("\n"))
         return lines
 
-    def _acquire(self, run_id: str) -> SqlLease:
+    def _acquire(self, run_id: str, *, read: bool = True) -> SqlLease:
+        """The lease, with the journal read once (its length is the next seq; ``load_held`` reuses it);
+        ``read=False`` (a removal, which never appends) reads nothing."""
         started = time.monotonic()
         holder = {**holder_info(), "lease": uuid.uuid4().hex}
         for _ in range(2):  # a holder gone between taking and reading: try once more
@@ -270,8 +273,9 @@ class SqlStore(Store):
         holder["token"] = token
         tail = self._q("tail", (run_id,))
         next_chunk = int(tail[0][0]) if tail and tail[0][0] is not None else 0
-        next_seq = sum(len(t.split("\n")) for (t,) in self._q("load", (run_id,)) if t)
-        lease = SqlLease(self, run_id, token, holder, self.ttl_ms / 1000, started, next_chunk, next_seq)
+        lines = self._load(run_id) if read else None
+        lease = SqlLease(self, run_id, token, holder, self.ttl_ms / 1000, started, next_chunk,
+                         len(lines) if lines is not None else 0, lines)
         if not self.background_renew:
             lease._stop.set()
         return lease
@@ -376,7 +380,7 @@ class SqlStore(Store):
         delete the journal, then release the lease, keeping its row and token: tokens never start over
         for a run id, so a late renewal can never match a later writer's lease."""
         try:
-            lease = self._acquire(run_id)
+            lease = self._acquire(run_id, read=False)
         except RunLocked as exc:
             raise removal_refused(run_id, exc) from None
         try:

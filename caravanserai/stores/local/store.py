@@ -39,7 +39,7 @@ from ...errors import InvalidRunId, InvalidStoreUrl, JournalCorruptionError, Run
 from ...ids import is_legacy_readable, validate_run_id
 from ..base import Lease, Objects, Store, describe_holder, holder_info, os_failure
 from ..urls import split_url
-from .files import complete_lines, fsync_dir, make_dirs, valid_length, write_all, write_file_atomic
+from .files import close_owned, complete_lines, fsync_dir, make_dirs, open_owned, valid_length, write_all, write_file_atomic
 from .legacy import WAYPOINT_FILE, is_legacy_dir, read_legacy_run
 from .objects import LocalDirectoryStore, LocalObjects
 from .views import RENDERER, VIEW_EVENTS, is_stale, reconcile, views_lock
@@ -60,7 +60,6 @@ class LocalLease(Lease):
         self.run_dir = run_dir
         self.journal_fd: int | None = None
         self.size = 0
-        self.snapshot: list[str] | None = None  # the journal's lines as acquire read them
 
     def renew(self) -> None:
         """A flock does not expire: renewing only checks the lease is still held (once per append)."""
@@ -73,24 +72,11 @@ class LocalLease(Lease):
         finally:
             if self.journal_fd is not None:
                 try:
-                    os.close(self.journal_fd)
+                    close_owned(self.journal_fd)
                 except OSError:
                     pass
                 self.journal_fd = None
             _unlock(self.lock_fd, self.token)
-
-    def forget_in_child(self) -> None:
-        """``Lease.forget_in_child``, and close the inherited descriptors without unlocking: the flock belongs
-        to the open file the parent shares (``LOCK_UN`` would drop the parent's lock), and a child keeping
-        it would keep the run locked after the parent died."""
-        super().forget_in_child()
-        for fd in (self.journal_fd, self.lock_fd):
-            if fd is not None:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        self.journal_fd = None
 
 
 class LocalStore(Store):
@@ -196,17 +182,17 @@ class LocalStore(Store):
         run_dir = self.run_dir(run_id)
         for _ in range(20):  # the run may be removed between our open and our flock: start again then
             make_dirs(run_dir)
-            lock_fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            lock_fd = open_owned(run_dir / LOCK, os.O_RDWR | os.O_CREAT)
             try:
                 _take_lock(run_id, lock_fd, "wait for it to finish or stop that process (a lock left by a dead "
                                             "process is taken over automatically)")
             except BaseException:
-                os.close(lock_fd)
+                close_owned(lock_fd)
                 raise
             if _still_linked(lock_fd, run_dir / LOCK):
                 break
             fcntl.flock(lock_fd, fcntl.LOCK_UN)
-            os.close(lock_fd)
+            close_owned(lock_fd)
         else:
             raise RunLocked(f"run {run_id!r} is being removed and created again by other processes; retry", run_id=run_id)
         token = 0
@@ -232,7 +218,7 @@ class LocalStore(Store):
         if not path.exists():
             lease.snapshot = []
             return
-        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CLOEXEC)
+        fd = open_owned(path, os.O_RDWR | os.O_APPEND)
         try:
             shown = _views_shown(lease.run_dir)
             data = _read_all(fd)
@@ -243,25 +229,18 @@ class LocalStore(Store):
                 os.ftruncate(fd, good)
                 os.fsync(fd)
         except BaseException:
-            os.close(fd)
+            close_owned(fd)
             raise
         lease.journal_fd = fd
         lease.size = good
-        lease.next_seq = data[:good].count(b"\n")
+        lease.next_seq = data.count(b"\n", 0, good)
         lease.snapshot = lines
-
-    def _load_held(self, lease: Lease) -> list[str]:
-        if not isinstance(lease, LocalLease) or lease.snapshot is None:
-            return self._load(lease.run_id)
-        snapshot, lease.snapshot = lease.snapshot, None  # only valid right after acquire
-        return snapshot
 
     def _append(self, run_id: str, lines: Sequence[str], *, lease: Lease, seq: int, sync: bool = True) -> None:
         assert isinstance(lease, LocalLease)  # Store.append checked it is this store's lease on this run
         data = ("\n".join(lines) + "\n").encode("utf-8")
         if lease.journal_fd is None:
-            lease.journal_fd = os.open(lease.run_dir / JOURNAL, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
-                                       0o600)
+            lease.journal_fd = open_owned(lease.run_dir / JOURNAL, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
             fsync_dir(lease.run_dir)
         try:
             written = os.write(lease.journal_fd, data)
@@ -420,7 +399,7 @@ class LocalStore(Store):
         run_dir = self.run_dir(run_id)
         if not run_dir.is_dir():
             return False
-        lock_fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        lock_fd = open_owned(run_dir / LOCK, os.O_RDWR | os.O_CREAT)
         try:
             _take_lock(run_id, lock_fd, "stop it before cleaning")
             previous = _read_holder(lock_fd) or {}
@@ -429,7 +408,7 @@ class LocalStore(Store):
             shutil.rmtree(run_dir)
             fsync_dir(self.root)
         finally:
-            os.close(lock_fd)
+            close_owned(lock_fd)
         self._dirs.pop(run_id, None)
         return True
 
@@ -478,7 +457,7 @@ def _unlock(lock_fd: int, token: int) -> None:
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_UN)
     finally:
-        os.close(lock_fd)
+        close_owned(lock_fd)
 
 
 def _names_live_holder(holder: dict[str, Any] | None) -> bool:

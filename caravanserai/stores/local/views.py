@@ -30,7 +30,7 @@ from ...errors import InvalidRunId
 from ...events import fork_origin
 from ...ids import validate_run_id
 from ...journal import RawJSON
-from .files import write_file_atomic
+from .files import close_owned, open_owned, write_file_atomic
 
 # Above this size state.json is written compactly, reusing the journal's encoding, so a large
 # state is not pretty-printed again on every checkpoint.
@@ -69,30 +69,14 @@ _VIEW_TMP = re.compile(r"\.(waypoint-\d+\.md|state\.json|latest|meta\.json)\.[0-
 _WAYPOINT = re.compile(r"waypoint-(\d+)\.md")
 
 
-_VIEWS_LOCKS_OPEN: set[int] = set()  # views.lock descriptors open now (closed in a forked child)
-
-
 @contextmanager
 def views_lock(run_dir: Path) -> Iterator[None]:
-    fd = os.open(run_dir / VIEWS_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    _VIEWS_LOCKS_OPEN.add(fd)
+    fd = open_owned(run_dir / VIEWS_LOCK, os.O_RDWR | os.O_CREAT)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
-        _VIEWS_LOCKS_OPEN.discard(fd)
-        os.close(fd)  # closing drops the flock
-
-
-def _close_views_locks_in_child() -> None:
-    """A child forked while a thread held views.lock would hold it for as long as it lives: close its
-    copies (never LOCK_UN: the flock belongs to the open file the parent shares)."""
-    for fd in _VIEWS_LOCKS_OPEN:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    _VIEWS_LOCKS_OPEN.clear()
+        close_owned(fd)  # closing drops the flock
 
 
 VIEW_EVENTS = frozenset({"run_started", "waypoint"})  # the only events a view shows (see _Pending.add)
@@ -289,4 +273,3 @@ RENDERER = ViewRenderer()
 atexit.register(RENDERER.flush)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=RENDERER.reset_after_fork)
-    os.register_at_fork(after_in_child=_close_views_locks_in_child)
