@@ -123,3 +123,4 @@ def test_a_writer_reads_the_journal_once_to_open_a_run_and_a_removal_reads_none(
         assert store.load("once") == []
     finally:
         store.close()
+

@@ -582,10 +582,11 @@ class Store(ABC):
     def _remove(self, run_id: str) -> bool: ...
 
     def _load_held(self, lease: Lease) -> builtins.list[str]:
-        """The lines the lease's acquire read (``lease.snapshot``: handed over once, valid only right after
-        acquire), else a read; a backend that keeps its holder's lines up to date overrides this."""
-        snapshot, lease.snapshot = lease.snapshot, None
-        return self._load(lease.run_id) if snapshot is None else snapshot
+        """The lines the lease's acquire read (``lease.snapshot``, handed over once, and only while nothing
+        was appended since), else a read; a backend that keeps its holder's lines up to date overrides this."""
+        snapshot = getattr(lease, "snapshot", None)
+        lease.snapshot = None
+        return snapshot if snapshot is not None and len(snapshot) == lease.next_seq else self._load(lease.run_id)
 
     def _close(self) -> None:  # noqa: B027 - optional hook: backends without connections keep the no-op
         """Release the backend's connections (default: nothing to release)."""
