@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import builtins
 import errno
+import functools
 import json
 import os
 import socket
@@ -97,13 +98,15 @@ def holder_info(token: int = 0) -> dict[str, Any]:
             "machine": machine_id()}
 
 
+@functools.cache
 def machine_id() -> str:
-    """Boot id + pid namespace: processes with the same value see each other's pids."""
+    """Boot id + pid namespace: processes with the same value see each other's pids (read once per
+    process: neither changes under it, and every lease taken and every takeover asks)."""
     try:
-        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
-            boot = handle.read().strip()
+        with open("/proc/sys/kernel/random/boot_id", "rb") as handle:
+            boot = handle.read().strip().decode()
         return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
-    except OSError:
+    except (OSError, UnicodeDecodeError):
         return ""  # not Linux: never judge another process dead
 
 
