@@ -351,12 +351,12 @@ with caravanserai.durable("forked", store=sys.argv[1] if len(sys.argv) > 1 else 
     if child == 0:
         try:
             run.checkpoint({"by": "child"}, "from the child")
-            print("CHILD WROTE", flush=True)
+            os.write(1, b"CHILD WROTE\n")  # one write per line: parent and child share the pipe
         except caravanserai.LeaseLost:
-            print("CHILD REFUSED", flush=True)
+            os.write(1, b"CHILD REFUSED\n")
         time.sleep(120)  # a worker that outlives its parent
         os._exit(0)
-    print(f"FORKED {child}", flush=True)
+    os.write(1, f"FORKED {child}\n".encode())
     time.sleep(120)
 """
 
@@ -382,7 +382,7 @@ def fork_from_another_thread():
     if child == 0:
         time.sleep(120)
         os._exit(0)
-    print(f"FORKED {child}", flush=True)
+    os.write(1, f"FORKED {child}\n".encode())
     forked.set()
 
 
@@ -390,7 +390,7 @@ LocalStore._open_journal = slow_open
 threading.Thread(target=fork_from_another_thread, daemon=True).start()
 with caravanserai.durable("forked") as run:
     run.checkpoint({"by": "parent"}, "before the kill")
-    print("CHILD REFUSED", flush=True)  # nothing for the child to try here: it never held the lease
+    os.write(1, b"CHILD REFUSED\n")  # nothing for the child to try here: it never held the lease
     time.sleep(120)
 """
 
@@ -398,15 +398,17 @@ with caravanserai.durable("forked") as run:
 def _forker(script: str, project: Path, env: dict[str, str], *args: str) -> tuple[subprocess.Popen, list[str], int | None]:
     """Start ``script``; its first two lines (within 60 s) and the pid of the child it forked."""
     proc = subprocess.Popen([PYTHON, "-c", script, *args], cwd=project, env=_env(env), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-    lines: list[str] = []
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    out, fd = b"", proc.stdout.fileno()
     deadline = time.monotonic() + 60
-    while len(lines) < 2 and time.monotonic() < deadline and select.select([proc.stdout], [], [], 1)[0]:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line.strip())
-    child = next((int(line.split()[1]) for line in lines if line.startswith("FORKED")), None)
+    while out.count(b"\n") < 2 and time.monotonic() < deadline:
+        if select.select([fd], [], [], 0.5)[0]:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                break
+            out += chunk
+    lines = out.decode(errors="replace").splitlines()
+    child = next((int(line.split()[1]) for line in lines if line.startswith("FORKED ")), None)
     return proc, lines, child
 
 
@@ -431,7 +433,7 @@ def test_a_forked_child_neither_writes_nor_keeps_the_run_locked_after_the_writer
     writer, lines, child_pid = _forker(script, project, child_env)
     try:
         assert child_pid is not None and "CHILD REFUSED" in lines, (
-            lines, writer.stderr.read() if writer.poll() is not None else "")
+            lines, writer.stderr.read().decode(errors="replace") if writer.poll() is not None else "")
         kill9(writer)
         os.kill(child_pid, 0)  # the child still runs, holding its copies of the parent's descriptors (now closed)
         started = time.monotonic()
@@ -453,7 +455,7 @@ def test_a_forked_child_cannot_append_through_an_expiring_lease(project: Path, c
     writer, lines, child_pid = _forker(FORKER, project, child_env, store)
     try:
         assert child_pid is not None and "CHILD REFUSED" in lines, (
-            lines, writer.stderr.read() if writer.poll() is not None else "")
+            lines, writer.stderr.read().decode(errors="replace") if writer.poll() is not None else "")
         events = read_events("forked", store)
         assert [e["state"]["by"] for e in events if e["type"] == "waypoint"] == ["parent"]
     finally:
