@@ -279,6 +279,24 @@ def test_a_valid_repacked_checkpoint_still_decodes():
     assert DurableAgent().resume_from(changed()) == DurableAgent().resume_from(REAL)
 
 
+def test_a_header_decodes_to_what_the_standard_parser_reads(monkeypatch):
+    """Headers are parsed in C (orjson) where that reads exactly what ``json.loads`` reads: integers past
+    64 bits (which orjson would turn into floats) are left to ``json.loads`` and come back exact, and the
+    same bytes decode the same either way, deep nesting refused by both."""
+    from caravanserai.checkpoints import format as fmt
+
+    exact = [2**64 + 1, -(2**63) - 1, 2**63, 10**19, -(10**18), 1.5, 1e300, "1" * 30]
+    blobs = [REAL, real("values.step-0", exact), real("values.step-0", {"n": [[1, [2.25, None]]], "s": "\u00e9"}),
+             real("values.step-0", json.loads("[" * 60 + "]" * 60))]
+    fast = [ckpt_format.decode(blob) for blob in blobs]
+    step0 = fast[1].header["values"]["step-0"]
+    assert step0 == exact and [type(v) for v in step0] == [type(v) for v in exact]
+    monkeypatch.setattr(fmt, "_fast_loads", None)  # the standard parser alone
+    slow = [ckpt_format.decode(blob) for blob in blobs]
+    assert [d.header for d in slow] == [d.header for d in fast]
+    assert [ckpt_format.encode(d) for d in slow] == [ckpt_format.encode(d) for d in fast]  # the same checkpoint ids
+
+
 # ---- 2. hypothesis --------------------------------------------------------------------------
 FUZZ = settings(max_examples=300, deadline=timedelta(milliseconds=500), derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])

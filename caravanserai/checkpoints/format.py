@@ -38,6 +38,12 @@ from typing import Any, NoReturn, cast
 from ..errors import CheckpointCorruptionError, CheckpointFormatError
 from ..journal import canonical
 
+_fast_loads: Callable[[bytes], Any] | None
+try:  # a header parsed in C, where it says exactly what json.loads says (see _parse_fast)
+    from orjson import loads as _fast_loads
+except ImportError:  # pragma: no cover - orjson is a core dependency, optional at import time
+    _fast_loads = None
+
 MAGIC = b"CVSRCKPT"
 FORMAT_VERSION = 1
 FULL, DELTA = 0, 1
@@ -344,7 +350,7 @@ def _parse_without(raw: bytes, what: str, name: str, encoded: bytes, depth: int)
         at = raw.find(label, at + 1)
     else:
         return None
-    marker = next((m for m in (b"%d" % (10**19 + i) for i in range(4)) if m not in raw), None)
+    marker = next((m for m in (b"%d" % (10**18 + i) for i in range(4)) if m not in raw), None)  # exact in orjson too
     if marker is None:
         return None
     after = at + len(label) + len(encoded)
@@ -356,6 +362,13 @@ def _parse_without(raw: bytes, what: str, name: str, encoded: bytes, depth: int)
 
 
 def _parse_text(raw: bytes, what: str, extra_depth: int = 0) -> dict[str, Any]:
+    header = _parse_fast(raw) if extra_depth <= MAX_JSON_DEPTH else None
+    if header is not None:  # strict JSON, UTF-8, no surrogate, no infinity, an object: the rest is checked here
+        if too_deep(header, MAX_JSON_DEPTH + 1):
+            corrupt(what, f"its header nests more than {MAX_JSON_DEPTH} levels deep")
+        if "kv_index" not in header:
+            corrupt(what, "its header has no kv_index")
+        return header
     bare = _STRINGS.sub(b'""', raw)  # the JSON text with every string emptied: brackets and numbers only
     if max(_nesting(bare), extra_depth) > MAX_JSON_DEPTH:
         corrupt(what, f"its header nests more than {MAX_JSON_DEPTH} levels deep")
@@ -375,6 +388,26 @@ def _parse_text(raw: bytes, what: str, extra_depth: int = 0) -> dict[str, Any]:
     return header
 
 
+def _parse_fast(raw: bytes) -> dict[str, Any] | None:
+    """The header by orjson when that is exactly what ``json.loads`` gives and the checks below would
+    pass; None sends it to them (they name the problem). orjson refuses what they refuse (invalid
+    UTF-8, lone surrogates, NaN, numbers that parse to infinity, nesting past 1024) but turns integers
+    beyond 64 bits into floats: text that could hold one (20 digits in a row, or a minus and 19) is
+    left to ``json.loads``."""
+    if _fast_loads is None:
+        return None
+    digits = raw.translate(_DIGITS_AS_ZERO)
+    if _TWENTY_DIGITS in digits or _MINUS_NINETEEN in digits:
+        return None
+    try:
+        header = _fast_loads(raw)
+    except ValueError:
+        return None
+    return header if type(header) is dict else None
+
+
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_TWENTY_DIGITS, _MINUS_NINETEEN = b"0" * 20, b"-" + b"0" * 19
 _STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _INNERMOST = re.compile(rb"\[[^\[\]{}]*\]|\{[^\[\]{}]*\}")  # a container with no container inside
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # the only way JSON text can hold a surrogate
