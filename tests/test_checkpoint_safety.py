@@ -312,6 +312,18 @@ HEADER, BODY = split(REAL)
 
 
 @FUZZ
+@given(json_values | st.integers(1, 80).map(lambda n: json.loads("[" * n + "]" * n)), st.integers(0, 70))
+def test_too_deep_says_whether_a_value_nests_past_the_limit(value, limit):
+    """The nesting bound every header value and fork value is held to, against its definition."""
+    def depth(v: Any) -> int:  # a scalar 0, a container 1 + its deepest child
+        if not isinstance(v, (dict, list)):
+            return 0
+        return 1 + max(map(depth, v.values() if isinstance(v, dict) else v), default=0)
+
+    assert ckpt_format.too_deep(value, limit) == (depth(value) > limit)
+
+
+@FUZZ
 @given(st.one_of(st.binary(max_size=400),
                  st.binary(max_size=400).map(lambda b: ckpt_format.MAGIC + b),
                  st.binary(min_size=8, max_size=400).map(  # random fields and header behind a valid digest
