@@ -292,14 +292,14 @@ except ImportError:  # pragma: no cover - orjson is optional
     _fast_loads = json.loads
 
 
-_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")  # bytes.translate: every digit a 0, to find long runs
 _LONG_RUN = b"0" * 19  # 19 digits in a row: maybe an integer beyond 64 bits
 
 
 def _loads(line: str, data: bytes) -> Any:
     """Parse one line (``data`` is its UTF-8, which the chain hashes anyway)."""
     # bytes.translate: ~8x quicker than str.translate and ~7x than a regex search on a journal line
-    if _LONG_RUN in data.translate(_DIGITS_AS_ZERO):
+    if _LONG_RUN in data.translate(DIGITS_AS_ZERO):
         return json.loads(line)  # orjson turns integers beyond 64 bits into floats: keep them exact
     try:
         return _fast_loads(data)
@@ -316,7 +316,7 @@ def decode(run_id: str, lines: Sequence[str], *, start: int = 0, tail: Tail | No
     append = events.append
     tail = tail or Tail()
     seq, prev = tail.seq, tail.prev
-    sha256, fast_loads, digits_as_zero, long_run = hashlib.sha256, _fast_loads, _DIGITS_AS_ZERO, _LONG_RUN
+    sha256, fast_loads, digits_as_zero, long_run = hashlib.sha256, _fast_loads, DIGITS_AS_ZERO, _LONG_RUN
     for index, line in enumerate(lines, start=start):
         try:
             data = line.encode("utf-8")

@@ -39,7 +39,6 @@ from conftest import kill9, load_child_module
 import caravanserai
 from caravanserai import journal
 from caravanserai.runs import read_events
-from caravanserai.stores.local.store import HOLDER_WAIT
 
 PYTHON = sys.executable
 TESTS = Path(__file__).resolve().parent
@@ -436,12 +435,9 @@ def test_a_forked_child_neither_writes_nor_keeps_the_run_locked_after_the_writer
             lines, writer.stderr.read().decode(errors="replace") if writer.poll() is not None else "")
         kill9(writer)
         os.kill(child_pid, 0)  # the child still runs, holding its copies of the parent's descriptors (now closed)
-        started = time.monotonic()
-        with caravanserai.durable("forked") as run:  # the kernel dropped the writer's flock: taken over at once
-            took = time.monotonic() - started
+        with caravanserai.durable("forked") as run:  # the kernel dropped the writer's flock (else: RunLocked)
             assert run.state == {"by": "parent"}
             run.checkpoint({"by": "next"}, "after the takeover")
-        assert took < HOLDER_WAIT, f"takeover waited {took:.2f} s (a lock nobody live holds is waited on that long)"
         events = read_events("forked")  # verified: numbering and hash chain
         assert [e["state"]["by"] for e in events if e["type"] == "waypoint"] == ["parent", "next"]
     finally:

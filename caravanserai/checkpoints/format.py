@@ -37,7 +37,7 @@ from json.encoder import encode_basestring  # the C escaper canonical JSON uses
 from typing import Any, NoReturn, cast
 
 from ..errors import CheckpointCorruptionError, CheckpointFormatError
-from ..journal import canonical
+from ..journal import DIGITS_AS_ZERO, canonical
 
 _fast_loads: Callable[[bytes], Any] | None
 try:  # a header parsed in C, where it says exactly what json.loads says (see _parse_fast)
@@ -397,7 +397,7 @@ def _parse_fast(raw: bytes) -> dict[str, Any] | None:
     left to ``json.loads``."""
     if _fast_loads is None:
         return None
-    digits = raw.translate(_DIGITS_AS_ZERO)
+    digits = raw.translate(DIGITS_AS_ZERO)
     if _TWENTY_DIGITS in digits or _MINUS_NINETEEN in digits:
         return None
     try:
@@ -407,7 +407,6 @@ def _parse_fast(raw: bytes) -> dict[str, Any] | None:
     return header if type(header) is dict else None
 
 
-_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
 _TWENTY_DIGITS, _MINUS_NINETEEN = b"0" * 20, b"-" + b"0" * 19
 _STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _INNERMOST = re.compile(rb"\[[^\[\]{}]*\]|\{[^\[\]{}]*\}")  # a container with no container inside
