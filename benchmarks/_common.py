@@ -459,18 +459,19 @@ def load_helper(name: str) -> Any:
 
 class HttpFloor:
     """The journal service's floor operation: a bare POST of ``record`` to ``/health`` on one keep-alive
-    ``http.client`` connection (the standard library, as the HTTP store's own requests), then, with
+    connection of the HTTP store's own client (``http_wire.Wire``: httptools where installed), then, with
     ``sync_path``, ``os.write`` + ``os.fdatasync`` of the same bytes in that file (the service's disk).
     Call it as ``floor(i)``: for ``i >= 0`` (a timed call of ``time_each``) the two parts go to ``post``
     and ``fsync`` (s); ``status`` counts the answers."""
 
     def __init__(self, url: str, record: bytes, sync_path: str | Path | None = None) -> None:
-        import http.client
         from urllib.parse import urlsplit
 
+        from caravanserai.stores.http_wire import Wire
+
         parts = urlsplit(url)
-        self.path, self.record = parts.path.rstrip("/") + "/health", record
-        self.client = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+        self.url, self.record = f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}/health", record
+        self.client = Wire(self.url, {}, 10.0)
         self.sync = sync_appender(sync_path, record) if sync_path is not None else None
         self.post: list[float] = []
         self.fsync: list[float] = []
@@ -478,10 +479,8 @@ class HttpFloor:
 
     def request(self, method: str, body: bytes | None) -> int:
         """One request to ``/health`` on the kept-alive connection; its status."""
-        self.client.request(method, self.path, body=body, headers={"Content-Type": "application/octet-stream"})
-        answer = self.client.getresponse()
-        answer.read()
-        return answer.status
+        answer = self.client.request(method, self.url, content=body, headers={"Content-Type": "application/octet-stream"})
+        return answer.status_code
 
     def __call__(self, i: int = -1) -> None:
         t = time.perf_counter()
@@ -516,7 +515,7 @@ def floor_http(url: str, n: int, warmup: int, record: bytes, *, sync_path: str |
         out["fsync"] = describe(floor.fsync)
         out["what"] = f"POST {len(record)} B to /health + os.write + os.fdatasync on the service's disk"
     else:
-        out["what"] = f"POST of {len(record)} B to /health (http.client keep-alive)"
+        out["what"] = f"POST of {len(record)} B to /health (the HTTP store's client, keep-alive)"
     if get_n:
         out["get_health"] = describe(to_us(get), scale=1)
     return out

@@ -17,7 +17,7 @@ Modes:
                records the refused append (``fenced``) and stops (the SIGSTOPped holder).
 - ``floor``    the backend's bare operation in a loop for the same window: PostgreSQL a single-row
                INSERT + COMMIT (autocommit psycopg), S3 one ``obstore.put`` of a 152 B object to a
-               new key, HTTP a bare POST of 152 B to the service's ``/health`` (http.client keep-alive).
+               new key, HTTP a bare POST of 152 B to the service's ``/health`` (the HTTP store's client, keep-alive).
 - ``prepare``  open the store once with ``create_schema=1`` (the writers must not race on the DDL)
                and create the floor's table.
 - ``check``    read every run of ``--spec`` back from the store: every acknowledged ``i`` present,
@@ -222,7 +222,7 @@ def floor(a: argparse.Namespace) -> dict:
         def op() -> None:
             http(-1)
 
-        close, what = http.close, f"POST of {len(RECORD)} B to /health (http.client keep-alive)"
+        close, what = http.close, f"POST of {len(RECORD)} B to /health (the HTTP store's client, keep-alive)"
     for _ in range(5):
         op()
     sync.ready()

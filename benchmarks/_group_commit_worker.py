@@ -4,7 +4,7 @@
 
 Modes (``LINE`` is a 151-character journal line, RECORD the same bytes plus ``\\n``):
 
-- ``floor_http``  a bare POST of RECORD to the journal service's ``/health`` (http.client keep-alive),
+- ``floor_http``  a bare POST of RECORD to the journal service's ``/health`` (the HTTP store's client, keep-alive),
                   then ``os.write`` of RECORD + ``os.fdatasync`` on a file in ``--dir`` (the
                   service's disk); a sample is the two together;
 - ``http``        ``HttpStore.append(run, [LINE], lease=..., seq=...)`` to the service; with

@@ -9,7 +9,7 @@ Modes (``RECORD`` is a 152 B record, the size of ours' journal line for ``{"i": 
 - ``floor_pg``      a bare single-row ``INSERT`` + COMMIT (autocommit psycopg connection);
 - ``floor_s3``      a bare ``obstore.put`` of RECORD to a new key on the same S3 server (plus
                     ``mode="create"`` on a quarter as many keys, reported apart);
-- ``floor_http``    a bare POST of RECORD to the journal service (``/health``), http.client keep-alive;
+- ``floor_http``    a bare POST of RECORD to the journal service (``/health``), the HTTP store's client, keep-alive;
 - ``ours``          ``with caravanserai.durable(id, store=URL) as run: run.checkpoint({"i": i}, "note")``,
                     ``--warmup`` untimed checkpoints, then ``--n`` timed ones; the store's ``append``
                     and the I/O call under it (fdatasync / the SQL driver / ``obstore.put`` /
@@ -207,7 +207,7 @@ def ours(a: argparse.Namespace) -> dict:
         from caravanserai.stores.http_wire import Wire
 
         parts.wrap_io(Wire, "request")
-        io_name = "http_wire.Wire.request (http.client)"
+        io_name = "http_wire.Wire.request"
 
     profiler = None
     t_open = time.perf_counter()
@@ -331,7 +331,8 @@ def paired_floor(a: argparse.Namespace, store, statements: list[str]) -> list:
             lambda: obstore.put(s3, f"{key}/c{next(chunk):08d}", RECORD, mode="create"))
     elif scheme in ("http", "https"):
         client = HttpFloor(a.url, RECORD)
-        add("http_post", "bare POST /health on a second connection (http.client)", lambda: client.request("POST", RECORD))
+        add("http_post", "bare POST /health on a second connection (the HTTP store's client)",
+            lambda: client.request("POST", RECORD))
         sync = sync_appender(os.path.join(a.dir, f"paired-floor-{os.getpid()}.bin"), RECORD)
         add("http_post_plus_fdatasync", "bare POST /health, then write+fdatasync 152 B here (RTT + one fsync)",
             lambda: (client.request("POST", RECORD), sync()))

@@ -338,6 +338,7 @@ class Bench:
         self.urls: dict[str, dict[str, str]] = {}
         self.runs: dict[str, list[dict]] = {b: [] for b in BACKENDS}  # what the journal check reads back
         self.rows: dict[str, list[dict]] = {}
+        self.pairs: dict[str, list[dict]] = {}  # 1 and 8 writers again, back to back (scale_pairs)
         self.faults: dict[str, dict] = {}
         self.checks: dict[str, dict] = {}
         self.raw: dict[str, dict] = {}
@@ -383,12 +384,13 @@ class Bench:
                 "server_cpu_s": sum(parts.values()) if parts else None}
 
     # ---- scaling ----
-    def scale(self, backend: str, n: int, kind: str) -> dict:
-        fleet = Fleet(self.work, f"{backend}-{kind}-n{n}")
+    def scale(self, backend: str, n: int, kind: str, again: int = 0) -> dict:
+        name = f"{backend}-{kind}-n{n}" + (f"-again{again}" if again else "")
+        fleet = Fleet(self.work, name)
         for k in range(n):
             label = f"w{k:02d}"
             if kind == "ours":
-                fleet.spawn(label, "writer", *self.writer_args(backend, f"fleet-{backend}-n{n}-w{k}-{self.tag}", fleet, label))
+                fleet.spawn(label, "writer", *self.writer_args(backend, f"fleet-{name}-w{k}-{self.tag}", fleet, label))
             else:
                 fleet.spawn(label, "floor", "--backend", backend, "--url", self.urls[backend]["floor"],
                             "--table", FLOOR_TABLE)
@@ -416,6 +418,18 @@ class Bench:
         one = next((r["ours"]["per_s"] for r in rows if r["n"] == 1 and r["ours"].get("per_s")), None)
         for row in rows:
             row["scaling"] = row["ours"]["per_s"] / one if one and row["ours"].get("per_s") else None
+
+    def scale_pairs(self, backend: str, k: int) -> None:
+        """Ours with 1 and with 8 writers ``k`` more times, each pair back to back (in turn 1 then 8, 8 then 1):
+        this VM's speed drifts by 2x between windows a minute apart, which one pair alone cannot tell from scaling."""
+        pairs = self.pairs.setdefault(backend, [])
+        for i in range(k):
+            got = {n: self.scale(backend, n, "ours", again=i + 1) for n in ((1, 8) if i % 2 == 0 else (8, 1))}
+            one, eight = got[1].get("per_s"), got[8].get("per_s")
+            pairs.append({"one": one, "eight": eight, "ratio": eight / one if one and eight else None})
+            measured = f"1 writer {one:,.0f}/s, 8 writers {eight:,.0f}/s -> {eight / one:.2f}x" if one and eight else \
+                f"ERROR: {got[1].get('error') or got[8].get('error')}"
+            say(f"  {backend:<8} again, back to back: {measured}")
 
     # ---- faults ----
     def fault_kill(self, backend: str, n: int, seconds: float) -> dict:
@@ -585,6 +599,8 @@ def main() -> int:
     parser.add_argument("--writers", help="comma list of fleet sizes for every backend (default: per backend, "
                                           "postgres and http 1,8,32,64, s3 1,8,16)")
     parser.add_argument("--seconds", type=float, default=5.0, help="each fleet's window (default 5 s)")
+    parser.add_argument("--scale-pairs", type=int, default=2, help="the journal service's 1 and 8 writers this many times "
+                        "more, back to back, for its scaling verdict (default 2; 0 with --quick)")
     parser.add_argument("--fault-writers", type=int, default=8, help="writers in each fault scenario (default 8)")
     parser.add_argument("--no-faults", action="store_true", help="skip the fault scenarios")
     parser.add_argument("--pg-url", help="an existing PostgreSQL (libpq URL) instead of a private one "
@@ -592,7 +608,7 @@ def main() -> int:
     parser.add_argument("--s3-url", help="an existing bucket: s3://bucket/prefix?endpoint=...&region=...&"
                                          "access_key_id=...&secret_access_key=... instead of moto")
     parser.add_argument("--seed", type=int, default=24, help="seed of the kill moments and victims")
-    args = parse_args(parser, "fleet", quick={"writers": "1,4", "seconds": 2.0, "fault_writers": 2})
+    args = parse_args(parser, "fleet", quick={"writers": "1,4", "seconds": 2.0, "fault_writers": 2, "scale_pairs": 0})
     wanted = [w.strip() for w in (args.backends or ("postgres,http" if args.quick else ",".join(BACKENDS))).split(",")
               if w.strip()]
     unknown = set(wanted) - set(BACKENDS)
@@ -628,6 +644,8 @@ def measure(args: argparse.Namespace, wanted: list[str], work: Path, mount: dict
             say(f"\n{LABEL[backend]}: fleets of {', '.join(map(str, counts))} for {args.seconds:g} s each, "
                 "floor and ours alternating")
             bench.scaling(backend, counts)
+            if backend == "http" and {1, 8} <= set(counts) and args.scale_pairs:
+                bench.scale_pairs(backend, args.scale_pairs)
             if not args.no_faults and not (args.quick and backend != "postgres"):
                 run_faults(bench, backend, args)
             bench.checks[backend] = bench.check(backend)
@@ -639,7 +657,8 @@ def measure(args: argparse.Namespace, wanted: list[str], work: Path, mount: dict
         notes["servers"] = servers.notes
         say(f"\nwall time {notes['wall_s']:.0f} s; load average {fmt_load(notes['loadavg_start'])} at start, "
             f"{fmt_load(notes['loadavg_end'])} at end")
-        save_results(args.out, {"notes": notes, "rows": bench.rows, "faults": strip(bench.faults),
+        save_results(args.out, {"notes": notes, "rows": bench.rows, "pairs": bench.pairs,
+                                "faults": strip(bench.faults),
                                 "checks": bench.checks, "verdicts": notes.get("verdicts"), "unavailable": unavailable,
                                 "raw_faults": bench.faults})
     except KeyboardInterrupt:

@@ -49,13 +49,24 @@ def hold_first_append(store, queued: int) -> list[str]:
             deadline = time.monotonic() + 20
             while len(store._commits._queue) < queued and time.monotonic() < deadline:
                 time.sleep(0.005)
-        if first.is_set():
-            log.append(query.split()[0].upper())
+        if first.is_set():  # "INSERT*": a whole batch in one statement
+            log.append(query.split()[0].upper() + ("*" if "json_to_recordset" in query else ""))
         return real(query, params)
 
     exec_.connection = real.connection  # type: ignore[attr-defined]  # close() closes it
     store._exec = exec_
     return log
+
+
+def assert_one_commit(store, log: list[str], queued: int) -> None:
+    """The ``queued`` writers behind the held leader were committed together: SQLite in one transaction
+    (BEGIN, an INSERT each, COMMIT), PostgreSQL in one statement (the leader's INSERT, then one more)."""
+    if store.dialect == "postgres":
+        assert log[:2] == ["INSERT", "INSERT*"] and "BEGIN" not in log and "COMMIT" not in log, log
+        return
+    begin = log.index("BEGIN")
+    end = log.index("COMMIT", begin)
+    assert set(log[begin + 1: end]) == {"INSERT"} and end - begin - 1 >= queued, log
 
 
 def in_threads(*calls):
@@ -144,9 +155,7 @@ def test_concurrent_appends_of_many_runs_share_one_commit_and_stay_in_order(sql_
         assert sql_store.load(r) == lines[r]
         leases[r].release()
     assert sql_store.commit_stats["largest"] >= len(runs) - 1
-    begin = log.index("BEGIN")  # the writers queued behind the leader: one transaction, one COMMIT
-    end = log.index("COMMIT", begin)
-    assert set(log[begin + 1: end]) == {"INSERT"} and end - begin - 1 >= len(runs) - 1
+    assert_one_commit(sql_store, log, len(runs) - 1)
 
 
 def test_a_fenced_writer_in_a_batch_is_refused_while_the_others_commit(sql_store):
@@ -159,9 +168,25 @@ def test_a_fenced_writer_in_a_batch_is_refused_while_the_others_commit(sql_store
     out = in_threads(*(appender(sql_store, r, leases[r], [f'{{"r": "{r}"}}']) for r in runs))
     assert out[0] == out[1] == out[3] == "ok"
     assert isinstance(out[2], LeaseLost) and "fenced" in str(out[2])
-    assert "BEGIN" in log and log.count("COMMIT") == 1
+    assert_one_commit(sql_store, log, 3)
     assert sql_store.load("a") == ['{"r": "a"}'] and sql_store.load("c") == ['{"r": "c"}']
     assert sql_store.load("fenced") == []
+
+
+def test_a_batch_keeps_every_line_exactly_whatever_it_holds(sql_store):
+    runs = ["lead", "quotes", "unicode", "escapes", "big"]
+    leases = {r: sql_store.acquire(r) for r in runs}
+    lines = {"lead": ['{"r": 0}'],
+             "quotes": ['{"say": "\\"quoted\\" and \'single\'", "path": "C:\\\\dir\\\\file"}'],
+             "unicode": ['{"text": "caf\u00e9 \u0645\u0631\u062d\u0628\u0627 \U0001f600 \u2028"}'],
+             "escapes": ['{"nul": "\\u0000", "tab": "\\t", "newline": "\\n", "bs": "\\\\u00e9"}'],
+             "big": ['{"blob": "' + "x\\\"y" * 30_000 + '"}']}
+    log = hold_first_append(sql_store, queued=len(runs) - 1)
+    assert in_threads(*(appender(sql_store, r, leases[r], lines[r]) for r in runs)) == ["ok"] * len(runs)
+    assert_one_commit(sql_store, log, len(runs) - 1)
+    for r in runs:
+        assert sql_store.load(r) == lines[r], r
+        leases[r].release()
 
 
 def test_a_batch_whose_flush_fails_fails_every_member_and_leaves_nothing(sql_store):

@@ -1,7 +1,7 @@
 """``http(s)://host:port/prefix``: a journal kept by a service you run (``caravanserai serve``).
 
 ``HttpStore`` (the seed's ``HttpDurableStore``) implements both faces of ``Store`` over the wire
-protocol in ``docs/http-protocol.md``, on keep-alive ``http.client`` connections (``http_wire``):
+protocol in ``docs/http-protocol.md``, on keep-alive connections (``http_wire``):
 
 - the URL must be https outside localhost / 127.0.0.1 / ::1 (``HttpInsecure``), and a bearer
   token is required (``HttpTokenRequired``); ``from_url`` reads it from ``?token=`` or
@@ -226,7 +226,7 @@ class HttpStore(Store):
             raise StoreUnavailable(f"the journal store {self.url} is closed; open it again", url=self.url)
         headers = dict(headers or {})
         if method not in ("GET", "HEAD"):
-            headers["Idempotency-Key"] = uuid.uuid4().hex  # one key for every retry of this call
+            headers["Idempotency-Key"] = os.urandom(16).hex()  # one key for every retry of this call
         attempts = 1 + (self.retries if retries is None else retries)
         problem = ""
         for attempt in range(attempts):

@@ -43,7 +43,6 @@ import sys
 import threading
 import time
 import zlib
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -62,8 +61,10 @@ from ..errors import (
     StoreUnavailable,
 )
 from ..ids import validate_run_id
+from ..journal import loads
 from .base import Lease, Objects, Store, describe_holder, holder_is_dead
 from .http import PROTOCOL, TOKEN_ENV, HttpStore, HttpTokenRequired, is_loopback
+from .http_replay import REPLAY_MAX_BODY, Replay
 from .leases import DEFAULT_TTL_MS, check_lease_ttl
 
 __all__ = ["ApiError", "JournalService", "check_bearer", "create_app", "serve"]
@@ -71,9 +72,6 @@ __all__ = ["ApiError", "JournalService", "check_bearer", "create_app", "serve"]
 MAX_TTL_MS = 600_000
 MAX_BODY_BYTES = 256 * 1024 * 1024
 MAX_HOLDER_BYTES = 4096
-REPLAY_SECONDS = 600.0
-REPLAY_ENTRIES = 10_000
-REPLAY_MAX_BODY = 4096  # mutating answers are tiny; at most ~40 MB of memory
 
 
 def check_bearer(header: str | None, expected: bytes) -> bool:
@@ -93,50 +91,6 @@ class _Held:
     ttl: float
     expires_at: float  # the service's monotonic clock
     backing: Lease  # its next_seq is the run's next seq (Store.append checks and advances it)
-
-
-class _Replay:
-    """Answers to mutating requests by Idempotency-Key, so a client's retry is applied once."""
-
-    def __init__(self, seconds: float = REPLAY_SECONDS, entries: int = REPLAY_ENTRIES) -> None:
-        self.seconds, self.entries = seconds, entries
-        self._lock = threading.Lock()
-        self._done: OrderedDict[tuple, tuple[float, int, bytes, str]] = OrderedDict()
-        self._running: dict[tuple, threading.Event] = {}
-
-    def begin(self, key: tuple) -> tuple[int, bytes, str] | None:
-        """The recorded answer for ``key``, or None once the caller owns ``key`` (call ``finish``)."""
-        while True:
-            found = self.try_begin(key)
-            if found is not False:
-                return found  # type: ignore[return-value]  # a recorded answer, or None: ours now
-            with self._lock:
-                running = self._running.get(key)
-            if running is not None:
-                running.wait(30)  # the same request still running: wait for its answer
-
-    def try_begin(self, key: tuple) -> tuple[int, bytes, str] | None | bool:
-        """``begin`` that never waits: the answer, None once the caller owns ``key``, False while it still runs."""
-        with self._lock:
-            now = time.monotonic()
-            while self._done and next(iter(self._done.values()))[0] < now:
-                self._done.popitem(last=False)
-            if key in self._done:
-                return self._done[key][1:]
-            if key in self._running:
-                return False
-            self._running[key] = threading.Event()
-            return None
-
-    def finish(self, key: tuple, answer: tuple[int, bytes, str] | None) -> None:
-        with self._lock:
-            if answer is not None:
-                self._done[key] = (time.monotonic() + self.seconds, *answer)
-                while len(self._done) > self.entries:
-                    self._done.popitem(last=False)
-            event = self._running.pop(key, None)
-        if event is not None:
-            event.set()
 
 
 class JournalService:
@@ -450,7 +404,7 @@ class JournalService:
 # ---- HTTP layer -----------------------------------------------------------------------------------
 def _json_body(body: bytes) -> dict:
     try:
-        value = json.loads(body or b"{}")
+        value = loads(body or b"{}")
     except ValueError:
         raise ApiError(400, "bad_request", "the request body must be a JSON object") from None
     if not isinstance(value, dict):
@@ -517,7 +471,7 @@ class _App:
 
     store: Store
     service: JournalService
-    replay: _Replay
+    replay: Replay
     expected: bytes  # the token
     max_body_bytes: int
 
@@ -638,18 +592,19 @@ async def _health(request: Any) -> Any:
     return _answer({"status": "ok", "service": "caravanserai-journal", "protocol": PROTOCOL})
 
 
-# path, handler, methods, whether an Idempotency-Key replays it (acquire has its own retry: the holder's lease id)
+# path, handler, methods, whether an Idempotency-Key replays it (acquire has its own retry: the holder's lease id).
+# Starlette tries routes in order, a regular expression each: the ones a fleet sends over and over come first.
 _ROUTES: tuple[tuple[str, Handler, tuple[str, ...], bool], ...] = (
+    ("/v1/runs/{run}/append", _append, ("POST",), True),
+    ("/v1/runs/{run}/renew", _renew, ("POST",), True),
     ("/v1/runs", _list_runs, ("GET",), True),
     ("/v1/runs/{run}", _load, ("GET",), True),
     ("/v1/runs/{run}", _remove, ("DELETE",), True),
     ("/v1/runs/{run}/acquire", _acquire, ("POST",), False),
-    ("/v1/runs/{run}/renew", _renew, ("POST",), True),
     ("/v1/runs/{run}/release", _release, ("POST",), True),
-    ("/v1/runs/{run}/append", _append, ("POST",), True),
     ("/v1/objects", _list_objects, ("GET",), True),
+    ("/v1/objects/{key:path}", _head_object, ("HEAD",), True),  # before GET, which Starlette also answers HEAD with
     ("/v1/objects/{key:path}", _get_object, ("GET",), True),
-    ("/v1/objects/{key:path}", _head_object, ("HEAD",), True),
     ("/v1/objects/{key:path}", _put_object, ("PUT",), True),
     ("/v1/objects/{key:path}", _delete_object, ("DELETE",), True),
 )
@@ -755,15 +710,15 @@ def create_app(store: Store, token: str, *, max_ttl_ms: int = MAX_TTL_MS, max_bo
     if not token or not isinstance(token, str) or not token.strip():
         raise HttpTokenRequired(f"the journal service needs a token: pass one or set {TOKEN_ENV}")
     service = JournalService(store, max_ttl_ms=max_ttl_ms)
-    app = _App(store, service, _Replay(), token.strip().encode("utf-8", "surrogateescape"), max_body_bytes)
+    app = _App(store, service, Replay(), token.strip().encode("utf-8", "surrogateescape"), max_body_bytes)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Any):
         yield
         service.close()
 
-    routes = [Route("/health", _health, methods=["GET"])]
-    routes += [Route(path, _endpoint(app, fn, replayed), methods=list(methods)) for path, fn, methods, replayed in _ROUTES]
+    routes = [Route(path, _endpoint(app, fn, replayed), methods=list(methods)) for path, fn, methods, replayed in _ROUTES]
+    routes.append(Route("/health", _health, methods=["GET"]))
     starlette = Starlette(routes=routes, lifespan=lifespan)
     starlette.state.service = service
     return starlette

@@ -22,9 +22,13 @@ of different runs made at the same time through one store (threads of one proces
 service's requests) share one transaction. The first writer that finds no commit running leads
 (``group_commit.GroupCommit``): alone, it sends its one autocommit ``INSERT`` as before; with others
 queued behind it, it sends ``BEGIN``, their fenced ``INSERT``s and one ``COMMIT`` (one WAL flush
-for all). A member whose fence refuses it gets its own ``LeaseLost`` and the others commit; a
-statement or ``COMMIT`` that fails rolls the whole batch back and every member gets that error, so
-nothing is acknowledged that is not durable.
+for all). On PostgreSQL the whole batch is one fenced autocommit ``INSERT … SELECT FROM
+json_to_recordset(…)`` instead: one round trip and one commit, where a transaction of N appends takes
+N + 2 round trips, each a few hundred microseconds of a Python driver's CPU; the batch travels as one
+JSON text (a text array would have the driver escape every quote of every line). A member
+whose fence refuses it gets its own ``LeaseLost`` and the others commit; a statement or ``COMMIT``
+that fails rolls the whole batch back and every member gets that error, so nothing is acknowledged
+that is not durable.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from ..errors import (
     StoreFull,
     StoreUnavailable,
 )
+from ..journal import dumps
 from .base import (
     Lease,
     Objects,
@@ -324,7 +329,8 @@ class SqlStore(Store):
         return outcomes
 
     def _commit(self, batch: builtins_list[Member[_Write]]) -> None:
-        """Write a batch of appends (one per run): one autocommit INSERT alone, else one transaction."""
+        """Write a batch of appends (one per run): one autocommit INSERT alone; else one statement (PostgreSQL)
+        or one transaction (SQLite)."""
         if len(batch) == 1 or not self.group_commit:  # each INSERT its own (auto)commit
             for member in batch:
                 try:
@@ -333,6 +339,13 @@ class SqlStore(Store):
                     self._settle(member, False)
                 except Exception as exc:
                     member.fail(exc)
+            return
+        if self.dialect == "postgres":  # one statement, one round trip, one commit; a batch has one write per run
+            rows = [{"run_id": run_id, "chunk": lease.next_chunk, "seq": seq, "token": lease.token, "lines": text}
+                     for run_id, text, lease, seq in (member.item for member in batch)]
+            runs = {row[0] for row in self._q("append_many", (dumps(rows),))}
+            for member in batch:
+                self._settle(member, member.item[0] in runs)
             return
         with self._lock:  # the connection is ours until COMMIT: no other thread's statement lands inside
             self._q("begin", ())
@@ -456,6 +469,11 @@ def _queries(dialect: str, t: str) -> dict[str, str]:
         "append_batched": (f"INSERT INTO {t} (run_id, chunk, seq, token, lines) SELECT ?, ?, ?, ?, ? WHERE EXISTS "
                            f"(SELECT 1 FROM {t}_leases WHERE run_id = ? AND token = ? AND expires_at > {now}) "
                            "ON CONFLICT (run_id, chunk) DO NOTHING RETURNING chunk"),
+        # a batch in one statement (PostgreSQL): each row fenced by its own lease, a taken chunk no row
+        "append_many": (f"INSERT INTO {t} (run_id, chunk, seq, token, lines) SELECT b.run_id, b.chunk, b.seq, b.token, "
+                        "b.lines FROM json_to_recordset(?::json) AS b(run_id text, chunk bigint, seq bigint, token bigint, "
+                        f"lines text) WHERE EXISTS (SELECT 1 FROM {t}_leases l WHERE l.run_id = b.run_id AND "
+                        f"l.token = b.token AND l.expires_at > {now}) ON CONFLICT (run_id, chunk) DO NOTHING RETURNING run_id"),
         "begin": "BEGIN IMMEDIATE" if dialect == "sqlite" else "BEGIN",  # sqlite: take the write lock now
         "commit": "COMMIT",
         "rollback": "ROLLBACK",
