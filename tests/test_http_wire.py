@@ -16,6 +16,7 @@ import ssl
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import need_module
@@ -135,85 +136,76 @@ def server() -> Iterator[tuple[str, http.server.ThreadingHTTPServer]]:
     yield from _serve()
 
 
-def test_answers_of_every_shape_are_read_whole_and_the_connection_kept_when_it_may_be(parser, server) -> None:
+@pytest.fixture
+def wired(parser: str, server: tuple[str, http.server.ThreadingHTTPServer]) -> Iterator[tuple[Wire, str, Any]]:
+    """A ``Wire`` to the plain server (with a default Authorization header), its URL and the server."""
     base, srv = server
     wire = Wire(base, {"Authorization": "Bearer t"}, 5.0)
     try:
-        answer = wire.request("GET", base + "/json", params={"a": "1", "b": "two"})
-        assert (answer.status_code, answer.reason_phrase) == (200, "Quite Fine")
-        assert answer.json() == {"big": 123456789012345678901234567890, "x": "\u00e9"}  # beyond 64 bits: exact
-        assert answer.headers["content-type"] == "application/json" and answer.headers["x-twice"] == "one"
-        assert wire.request("HEAD", base + "/object").headers["content-length"] == "1234"  # and no body waited for
-        assert wire.request("GET", base + "/chunked").content == b"hello chunked world"
-        posted = wire.request("POST", base + "/echo", json_body={"lines": ["a\u00e9"]}, headers={"Idempotency-Key": "k1"})
-        assert posted.status_code == 201
-        assert posted.json() == {"got": {"lines": ["a\u00e9"]}, "key": "k1", "type": "application/json", "auth": "Bearer t"}
-        assert wire.request("GET", base + "/empty").status_code == 204
-        interim = wire.request("GET", base + "/interim")
-        assert (interim.status_code, interim.reason_phrase, interim.content) == (200, "Quite Fine", b"after the interim")
-        assert wire.request("GET", base + "/accept").content == b"1 application/json"
-        assert wire.request("GET", base + "/accept", headers={"Accept": "text/plain"}).content == b"1 text/plain"
-        assert wire.request("GET", base + "/missing").status_code == 404
-        assert srv.connections == 1  # every answer so far left the connection open: one connection did it all
-        assert wire.request("GET", base + "/close").content == b"bye"
-        assert wire.request("GET", base + "/until-close").content == b"all of it"
-        assert wire.request("GET", base + "/chunked").content == b"hello chunked world"
-        assert srv.connections == 3  # each answer that closed its connection was followed by a new one
+        yield wire, base, srv
     finally:
         wire.close()
 
 
-def test_a_connection_the_server_closed_while_idle_is_left_out(parser, server) -> None:
-    base, srv = server
-    wire = Wire(base, {}, 5.0)
-    try:
-        assert wire.request("GET", base + "/quietly-closed").content == b"kept?"  # looks kept-alive, is closed
-        assert len(wire._idle) == 1
-        assert wire.request("GET", base + "/chunked").content == b"hello chunked world"
-        assert srv.connections == 2  # the closed one was left out (its socket read EOF), not written into
-    finally:
-        wire.close()
+def test_answers_of_every_shape_are_read_whole_and_the_connection_kept_when_it_may_be(wired) -> None:
+    wire, base, srv = wired
+    answer = wire.request("GET", base + "/json", params={"a": "1", "b": "two"})
+    assert (answer.status_code, answer.reason_phrase) == (200, "Quite Fine")
+    assert answer.json() == {"big": 123456789012345678901234567890, "x": "\u00e9"}  # beyond 64 bits: exact
+    assert answer.headers["content-type"] == "application/json" and answer.headers["x-twice"] == "one"
+    assert wire.request("HEAD", base + "/object").headers["content-length"] == "1234"  # and no body waited for
+    assert wire.request("GET", base + "/chunked").content == b"hello chunked world"
+    posted = wire.request("POST", base + "/echo", json_body={"lines": ["a\u00e9"]}, headers={"Idempotency-Key": "k1"})
+    assert posted.status_code == 201
+    assert posted.json() == {"got": {"lines": ["a\u00e9"]}, "key": "k1", "type": "application/json", "auth": "Bearer t"}
+    assert wire.request("GET", base + "/empty").status_code == 204
+    interim = wire.request("GET", base + "/interim")
+    assert (interim.status_code, interim.reason_phrase, interim.content) == (200, "Quite Fine", b"after the interim")
+    assert wire.request("GET", base + "/accept").content == b"1 application/json"
+    assert wire.request("GET", base + "/accept", headers={"Accept": "text/plain"}).content == b"1 text/plain"
+    assert wire.request("GET", base + "/missing").status_code == 404
+    assert srv.connections == 1  # every answer so far left the connection open: one connection did it all
+    assert wire.request("GET", base + "/close").content == b"bye"
+    assert wire.request("GET", base + "/until-close").content == b"all of it"
+    assert wire.request("GET", base + "/chunked").content == b"hello chunked world"
+    assert srv.connections == 3  # each answer that closed its connection was followed by a new one
 
 
-def test_a_kept_alive_connection_found_closed_only_when_written_to_is_sent_again_once(parser, server, monkeypatch) -> None:
-    base, srv = server
-    wire = Wire(base, {}, 5.0)
-    try:
-        assert wire.request("GET", base + "/quietly-closed").content == b"kept?"
-        monkeypatch.setattr(http_wire.select, "select", lambda r, w, x, t: ([], [], []))  # the check misses the close
-        assert wire.request("GET", base + "/chunked").content == b"hello chunked world"  # resent on a new connection
-        assert srv.connections == 2
-    finally:
-        wire.close()
+def test_a_connection_the_server_closed_while_idle_is_left_out(wired) -> None:
+    wire, base, srv = wired
+    assert wire.request("GET", base + "/quietly-closed").content == b"kept?"  # looks kept-alive, is closed
+    assert len(wire._idle) == 1
+    assert wire.request("GET", base + "/chunked").content == b"hello chunked world"
+    assert srv.connections == 2  # the closed one was left out (its socket read EOF), not written into
 
 
-def test_a_server_that_hangs_up_or_stops_mid_body_is_a_wire_error(parser, server) -> None:
-    base, _ = server
-    wire = Wire(base, {}, 5.0)
-    try:
-        with pytest.raises(WireError) as hung:
-            wire.request("GET", base + "/hang-up")
-        assert "\n" not in str(hung.value) and "Remote" in str(hung.value)
-        with pytest.raises(WireError) as half:
-            wire.request("GET", base + "/half")
-        assert "\n" not in str(half.value)
-        assert wire.request("GET", base + "/chunked").status_code == 200  # a new connection after each
-    finally:
-        wire.close()
+def test_a_kept_alive_connection_found_closed_only_when_written_to_is_sent_again_once(wired, monkeypatch) -> None:
+    wire, base, srv = wired
+    assert wire.request("GET", base + "/quietly-closed").content == b"kept?"
+    monkeypatch.setattr(http_wire.select, "select", lambda r, w, x, t: ([], [], []))  # the check misses the close
+    assert wire.request("GET", base + "/chunked").content == b"hello chunked world"  # resent on a new connection
+    assert srv.connections == 2
 
 
-def test_a_request_target_with_a_space_or_control_character_is_refused_before_sending(parser, server) -> None:
-    base, srv = server
-    wire = Wire(base, {}, 5.0)
-    try:
-        for target in ("/a b", "/a\x00b", "/a\x7fb"):
-            with pytest.raises(WireError, match="control characters|Invalid|can't contain"):
-                wire.request("GET", base + target)
-        with pytest.raises(ValueError):
-            wire.request("GET", base + "/chunked", headers={"X-Note": "a\r\nX-Injected: 1"})
-        assert srv.requests == 0  # nothing was sent for any of them
-    finally:
-        wire.close()
+def test_a_server_that_hangs_up_or_stops_mid_body_is_a_wire_error(wired) -> None:
+    wire, base, srv = wired
+    with pytest.raises(WireError) as hung:
+        wire.request("GET", base + "/hang-up")
+    assert "\n" not in str(hung.value) and "Remote" in str(hung.value)
+    with pytest.raises(WireError) as half:
+        wire.request("GET", base + "/half")
+    assert "\n" not in str(half.value)
+    assert wire.request("GET", base + "/chunked").status_code == 200  # a new connection after each
+
+
+def test_a_request_target_with_a_space_or_control_character_is_refused_before_sending(wired) -> None:
+    wire, base, srv = wired
+    for target in ("/a b", "/a\x00b", "/a\x7fb"):
+        with pytest.raises(WireError, match="control characters|Invalid|can't contain"):
+            wire.request("GET", base + target)
+    with pytest.raises(ValueError):
+        wire.request("GET", base + "/chunked", headers={"X-Note": "a\r\nX-Injected: 1"})
+    assert srv.requests == 0  # nothing was sent for any of them
 
 
 def _certificates(tmp_path: Path) -> tuple[Path, Path, Path]:

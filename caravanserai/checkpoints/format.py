@@ -37,13 +37,9 @@ from json.encoder import encode_basestring  # the C escaper canonical JSON uses
 from typing import Any, NoReturn, cast
 
 from ..errors import CheckpointCorruptionError, CheckpointFormatError
-from ..journal import DIGITS_AS_ZERO, canonical
+from ..journal import DIGITS_AS_ZERO, ORJSON_LOADS, canonical
 
-_fast_loads: Callable[[bytes], Any] | None
-try:  # a header parsed in C, where it says exactly what json.loads says (see _parse_fast)
-    from orjson import loads as _fast_loads
-except ImportError:  # pragma: no cover - orjson is a core dependency, optional at import time
-    _fast_loads = None
+_fast_loads: Callable[[bytes], Any] | None = ORJSON_LOADS  # a header parsed in C where it reads as json.loads does
 
 MAGIC = b"CVSRCKPT"
 FORMAT_VERSION = 1

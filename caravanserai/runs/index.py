@@ -25,16 +25,14 @@ from datetime import datetime
 from typing import Any
 
 from ..errors import CaravanseraiError
+from ..journal import ORJSON_LOADS
 from ..stores.base import Store
 from .lifecycle import attempt_end_hooks
 from .run import HELD_EVENTS_MAX
 from .view import RunView, gc_paused, inspect_run
 
-_loads: Callable[[bytes], Any]
-try:  # entries are written by json.dumps (integers within 64 bits): orjson reads them ~3x faster
-    from orjson import loads as _loads
-except ImportError:  # pragma: no cover - orjson is a dependency, optional at import time
-    _loads = json.loads
+# entries are written by json.dumps (integers within 64 bits): orjson reads them ~3x faster
+_loads: Callable[[bytes], Any] = ORJSON_LOADS or json.loads
 
 __all__ = ["IndexedRun", "age_seconds", "check_index", "compute_entry", "drop_entry", "entry_of_view", "indexed",
            "list_runs", "refresh_entry"]

@@ -469,11 +469,6 @@ def _queries(dialect: str, t: str) -> dict[str, str]:
         "append_batched": (f"INSERT INTO {t} (run_id, chunk, seq, token, lines) SELECT ?, ?, ?, ?, ? WHERE EXISTS "
                            f"(SELECT 1 FROM {t}_leases WHERE run_id = ? AND token = ? AND expires_at > {now}) "
                            "ON CONFLICT (run_id, chunk) DO NOTHING RETURNING chunk"),
-        # a batch in one statement (PostgreSQL): each row fenced by its own lease, a taken chunk no row
-        "append_many": (f"INSERT INTO {t} (run_id, chunk, seq, token, lines) SELECT b.run_id, b.chunk, b.seq, b.token, "
-                        "b.lines FROM json_to_recordset(?::json) AS b(run_id text, chunk bigint, seq bigint, token bigint, "
-                        f"lines text) WHERE EXISTS (SELECT 1 FROM {t}_leases l WHERE l.run_id = b.run_id AND "
-                        f"l.token = b.token AND l.expires_at > {now}) ON CONFLICT (run_id, chunk) DO NOTHING RETURNING run_id"),
         "begin": "BEGIN IMMEDIATE" if dialect == "sqlite" else "BEGIN",  # sqlite: take the write lock now
         "commit": "COMMIT",
         "rollback": "ROLLBACK",
@@ -492,6 +487,12 @@ def _queries(dialect: str, t: str) -> dict[str, str]:
         "delete": f"DELETE FROM {t}_objects WHERE key = ? RETURNING key",
     }
     if dialect == "postgres":
+        # a batch in one statement (PostgreSQL): each row fenced by its own lease, a taken chunk no row
+        queries["append_many"] = (
+            f"INSERT INTO {t} (run_id, chunk, seq, token, lines) SELECT b.run_id, b.chunk, b.seq, b.token, b.lines "
+            "FROM json_to_recordset(?::json) AS b(run_id text, chunk bigint, seq bigint, token bigint, lines text) "
+            f"WHERE EXISTS (SELECT 1 FROM {t}_leases l WHERE l.run_id = b.run_id AND l.token = b.token AND "
+            f"l.expires_at > {now}) ON CONFLICT (run_id, chunk) DO NOTHING RETURNING run_id")
         queries = {name: _dollar(q) for name, q in queries.items()}
     return queries
 
