@@ -34,12 +34,17 @@ def _shown(run_id: str) -> str:
     return repr(run_id if len(run_id) <= 40 else run_id[:37] + "...")
 
 
+_VALID: set[str] = set()  # ids found valid (validity depends on the text alone)
+
+
 def validate_run_id(run_id: object, *, legacy: Callable[[str], bool] | None = None) -> str:
     """Return ``run_id`` if it is a valid run id, else raise InvalidRunId (one line, nothing written).
 
     ``legacy`` (read-only callers only) is a predicate naming existing 0.2.0 directories whose
     names this rule rejects but that stay readable, e.g. ``store.is_legacy_name``.
     """
+    if type(run_id) is str and run_id in _VALID:  # the ids a process uses again and again (every append's hooks)
+        return run_id
     if not isinstance(run_id, str):
         raise InvalidRunId(
             f"run id must be a str, got {type(run_id).__name__} {repr(run_id)[:60]}: {_REMEDY}",
@@ -52,6 +57,9 @@ def validate_run_id(run_id: object, *, legacy: Callable[[str], bool] | None = No
         elif run_id.endswith("."):
             problem = f"invalid run id {_shown(run_id)}: it ends with '.', which Windows drops from names; remove the dot"
         else:
+            if len(_VALID) >= 4096:  # bounded: a process that lists many runs keeps only the latest few thousand
+                _VALID.clear()
+            _VALID.add(str(run_id))
             return run_id
     else:
         problem = f"invalid run id {_shown(run_id)}: {_REMEDY}"

@@ -54,3 +54,52 @@ def test_url_options_and_schema_not_created_unless_asked(pg):
 def test_unreachable_server_is_a_clear_error():
     with pytest.raises(StoreUnavailable, match="cannot connect to PostgreSQL"):
         PostgresStore(f"postgresql://nobody:secret@127.0.0.1:{free_port()}/db")
+
+
+def test_writer_statements_go_through_libpq_and_keep_psycopgs_behaviour(pg):
+    """append and renew run through ``psycopg.pq`` (prepared once per connection): text in the
+    connection's encoding comes back unchanged, a taken chunk is the conflict a cursor would raise,
+    a fenced writer is refused, and a connection the server dropped is one StoreUnavailable, then a
+    new connection on which the statements are prepared again."""
+    from caravanserai.errors import LeaseLost
+    from caravanserai.stores.sql import _Conflict
+
+    store = _fresh(pg, ttl_ms=30000)
+    try:
+        assert {store._queries[name] for name in ("append", "append_many", "renew")} <= store._exec.direct
+        lease = store.acquire("direct")
+        line = '{"v":1,"type":"note","text":"café ✓ 中文 \\u0000"}'
+        store.append("direct", [line, line], lease=lease, seq=0)
+        assert store.load("direct") == [line, line]
+        assert store._exec._prepared, "the append was not prepared on the connection"
+        with pytest.raises(StoreUnavailable, match="NUL"):  # libpq would cut the text at the NUL: psycopg refuses it
+            store._q("append", ("direct", 1, 2, lease.token, "a\0b", "direct", lease.token))
+        assert store.load("direct") == [line, line]
+        with pytest.raises(_Conflict):  # chunk 0 is taken: psycopg's UniqueViolation, read from the result
+            store._q("append", ("direct", 0, 0, lease.token, "x", "direct", lease.token))
+        assert store._q("renew", (30000, "direct", lease.token)) == [(lease.token,)]  # an int column, read back
+        assert store._q("renew", (30000, "direct", lease.token + 1)) == []  # a wrong token renews nothing
+
+        backend = store._exec.connection.info.backend_pid
+        with psycopg_connection(pg.dsn) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (backend,))
+        with pytest.raises(StoreUnavailable, match="failed"):
+            store.append("direct", [line], lease=lease, seq=2)
+        assert store._exec.connection.closed
+        store._exec.retry_at = 0.0  # no wait in the test: the next statement reconnects
+        store.append("direct", [line], lease=lease, seq=2)  # prepared again on the new connection
+        assert store._exec.connection.info.backend_pid != backend
+        assert store.load("direct") == [line] * 3
+
+        store._q("takeover", ("{}", 30000, "direct", lease.token))  # another holder now: this lease is fenced
+        with pytest.raises(LeaseLost):
+            store.append("direct", [line], lease=lease, seq=3)
+        assert store.load("direct") == [line] * 3
+    finally:
+        store.close()
+
+
+def psycopg_connection(dsn: str):
+    import psycopg
+
+    return psycopg.connect(dsn, autocommit=True)

@@ -59,6 +59,7 @@ class GroupCommit(Generic[T]):
         self._cond = threading.Condition(threading.Lock())
         self._queue: list[Member[T]] = []
         self._leading = False
+        self._waiting = 0  # callers in cond.wait(): nobody to wake when 0
         self.batches = 0  # flushes so far
         self.largest = 0  # members in the largest batch
 
@@ -69,23 +70,29 @@ class GroupCommit(Generic[T]):
     def submit_all(self, items: list[T]) -> list[Member[T]]:
         """Queue ``items`` together (one caller with many writes), wait until all are flushed; their members."""
         members = [Member(item) for item in items]
-        with self._cond:
+        cond = self._cond
+        with cond:  # held except while this caller flushes a batch: a writer alone takes the lock twice
             self._queue.extend(members)
-        while True:
-            with self._cond:
+            while True:
                 while self._leading and not all(m.settled for m in members):
-                    self._cond.wait()
-                waiting = [m for m in members if not m.settled]
-                if not waiting:
+                    self._waiting += 1
+                    try:
+                        cond.wait()
+                    finally:
+                        self._waiting -= 1
+                own = next((m for m in members if not m.settled), None)
+                if own is None:
                     return members
                 self._leading = True
                 batch = self._take()  # holds these members unless writes of their keys are queued before them
-            try:
-                self._run(batch, waiting[0])
-            finally:
-                with self._cond:
+                cond.release()
+                try:
+                    self._run(batch, own)
+                finally:
+                    cond.acquire()
                     self._leading = False
-                    self._cond.notify_all()
+                    if self._waiting:  # followers whose batch this was, or the next leader
+                        cond.notify_all()
 
     def _take(self) -> list[Member[T]]:
         """The queued members, one per key (the others wait for the next batch). Under the lock."""

@@ -221,6 +221,8 @@ class SqlStore(Store):
         with self._lock:
             try:
                 rows = self._exec(query, tuple(params))
+                if type(rows) is list:  # psycopg's and sqlite3's answer: nothing to await or copy
+                    return rows
                 if inspect.isawaitable(rows):
                     self._async = self._async or _AsyncRunner()
                     rows = self._async.run(rows)
