@@ -3,6 +3,7 @@ against issue 24's targets (a module of its own so that the harness stays the ha
 
 from __future__ import annotations
 
+import os
 import statistics
 from typing import Any
 
@@ -221,14 +222,33 @@ def verdicts(bench: Any, wanted: list[str], args: Any) -> dict:
         verdict("http_scale", x >= HTTP_SCALE_TARGET, f"journal service: 8 clients >= {HTTP_SCALE_TARGET:g}x one client",
                 f"median {x:.2f}x of {len(ratios)} back-to-back pair{'s' * (len(ratios) > 1)} of windows "
                 f"({', '.join(f'{r:.2f}x' for r in ratios)}); in the scaling table {eight['ours']['per_s']:,.0f} vs "
-                f"{one['ours']['per_s']:,.0f} appends/s")
+                f"{one['ours']['per_s']:,.0f} appends/s" + cpu_ceiling(one, eight))
     elif http:
         verdict("http_scale", None, "journal service: 8 clients >= 4x one client", "no fleet of 8 in this run")
     at = eight or (http[-1] if http else None)
     if at and at["ours"].get("client_cpu_us"):
         cpu = at["ours"]["client_cpu_us"]
+        alone = bench.client_cpu
         verdict("http_cpu", cpu <= HTTP_CPU_TARGET_US, f"journal service: client CPU per append <= {HTTP_CPU_TARGET_US:g} us",
                 f"{fmt_us(cpu)} per append with {at['n']} clients (all threads of every client process); a bare "
                 f"POST /health costs its client {fmt_us(at['floor'].get('client_cpu_us'))} here; the servers' CPU per "
-                f"append: {fmt_us(at['ours'].get('server_cpu_us'))} (service + PostgreSQL)")
+                f"append: {fmt_us(at['ours'].get('server_cpu_us'))} (service + PostgreSQL)" + (
+                    f"; the client alone, in one process with an in-process transport: {fmt_us(alone['at_once_us'])} "
+                    f"answered at once, {fmt_us(alone['after_wait_us'])} answered after sleeping "
+                    f"{fmt_us(alone['wait_us'])} (what this machine charges a thread that blocks and wakes)"
+                    if "at_once_us" in alone else ""))
     return out
+
+
+def cpu_ceiling(one: dict, eight: dict) -> str:
+    """What this machine allows: its cores over the CPU per append (clients + servers) of the 8-client
+    fleet, against one client's rate. One client's append is a serial chain (client, service, database),
+    so less CPU per append speeds it up too: only more cores, or batching that cuts the CPU per append
+    at 8 clients further than at 1, lifts the ceiling."""
+    cores = os.cpu_count() or 1
+    per = (eight["ours"].get("client_cpu_us") or 0) + (eight["ours"].get("server_cpu_us") or 0)
+    if not per or not one["ours"].get("per_s"):
+        return ""
+    top = cores / (per / 1e6)
+    return (f"; the ceiling here: {cores} cores / {fmt_us(per)} of CPU per append at 8 clients (client + servers) = "
+            f"{top:,.0f} appends/s = {top / one['ours']['per_s']:.2f}x one client")

@@ -18,6 +18,8 @@ Modes:
 - ``floor``    the backend's bare operation in a loop for the same window: PostgreSQL a single-row
                INSERT + COMMIT (autocommit psycopg), S3 one ``obstore.put`` of a 152 B object to a
                new key, HTTP a bare POST of 152 B to the service's ``/health`` (the HTTP store's client, keep-alive).
+- ``client_cpu`` the HTTP store's client alone, in this process: checkpoints through a transport that
+               answers at once, then after sleeping ``--wait-us`` (thread CPU per append of each).
 - ``prepare``  open the store once with ``create_schema=1`` (the writers must not race on the DDL)
                and create the floor's table.
 - ``check``    read every run of ``--spec`` back from the store: every acknowledged ``i`` present,
@@ -244,6 +246,47 @@ def floor(a: argparse.Namespace) -> dict:
     return out
 
 
+# ---- the HTTP store's client alone ----------------------------------------------------------------
+def client_cpu(a: argparse.Namespace) -> dict:
+    """``--count`` checkpoints through the HTTP store with an in-process transport that answers at once,
+    then as many answered after sleeping ``--wait-us`` (one round trip): the client thread's CPU per
+    append in each. The first is what the client's code costs; the difference is what this machine
+    charges a thread that blocks and wakes once per append. The fake answers (a parse of the body with
+    orjson) run in the same thread and are counted."""
+    which_caravanserai(a.repo)
+    import orjson
+
+    import caravanserai
+    from caravanserai.stores.http import HttpStore
+
+    json_type = {"content-type": "application/json"}
+    state = {"wait": 0.0}
+
+    def transport(method: str, url: str, headers: dict, body: bytes | None) -> tuple[int, dict, bytes]:
+        if state["wait"]:
+            time.sleep(state["wait"])
+        if url.endswith("/append"):
+            sent = orjson.loads(body or b"{}")
+            return 200, json_type, b'{"next_seq": %d}' % (sent["seq"] + len(sent["lines"]))
+        if url.endswith("/acquire"):
+            return 200, json_type, b'{"token": 1, "ttl_ms": 30000, "next_seq": 0, "lines": []}'
+        if url.endswith("/release"):
+            return 200, json_type, b'{"released": true}'
+        return 200, json_type, b'{"runs": [], "versions": {}, "keys": []}'
+
+    store = HttpStore("http://127.0.0.1:1", "fleet", transport=transport)
+    out: dict = {"count": a.count, "wait_us": a.wait_us}
+    with caravanserai.durable(f"client-cpu-{os.getpid()}", store=store) as run:
+        run.checkpoint({"i": -1}, "warm-up")
+        for key, wait in (("at_once_us", 0.0), ("after_wait_us", a.wait_us / 1e6)):
+            state["wait"] = wait
+            t = time.thread_time()
+            for i in range(a.count):
+                run.checkpoint({"i": i}, f"step {i} client-cpu")
+            out[key] = (time.thread_time() - t) / a.count * 1e6
+    return out
+
+
 # ---- prepare and check -----------------------------------------------------------------------------
 def prepare(a: argparse.Namespace) -> dict:
     which_caravanserai(a.repo)
@@ -311,7 +354,7 @@ def check(a: argparse.Namespace) -> dict:
     return {"totals": totals, "runs": runs}
 
 
-MODES = {"writer": writer, "floor": floor, "prepare": prepare, "check": check}
+MODES = {"writer": writer, "floor": floor, "prepare": prepare, "check": check, "client_cpu": client_cpu}
 
 
 def main() -> None:
@@ -329,6 +372,8 @@ def main() -> None:
     p.add_argument("--on-lease-lost", choices=("reopen", "exit"), default="reopen")
     p.add_argument("--spec", default="")
     p.add_argument("--repo", default="")
+    p.add_argument("--count", type=int, default=2000, help="client_cpu: checkpoints per measurement")
+    p.add_argument("--wait-us", type=float, default=1500.0, help="client_cpu: the answer's delay in the second one")
     a = p.parse_args()
     emit_result({**MODES[a.mode](a), "mode": a.mode})
 

@@ -194,6 +194,8 @@ def summarize(impls: list[str], raw: dict) -> dict:
                                       if r.get("floor_here_us")])
             if "loop_user_s" in rounds[0]:  # ours: the loop alone, and the run's open and end once per run
                 per["loop_user_s"] = med([r["loop_user_s"] / r["n"] for r in rounds])
+                if "loop_user_nosync_s" in rounds[0]:
+                    per["loop_user_nosync_s"] = med([r["loop_user_nosync_s"] / r["n"] for r in rounds])
                 per["run_open_s"] = med([r["open_s"] for r in rounds])
                 per["run_close_s"] = med([r["close_s"] for r in rounds])
                 per["fsync_wait_s"] = med([r["fsync_wait_s"] / r["n"] for r in rounds])
@@ -254,6 +256,7 @@ def build_table(impls: list[str], s: dict, args: argparse.Namespace) -> list[str
     row("   per call inside the loop / fsync floor", "loop_floors", kind="floors", ratio=False)
     row("   CPU per call, user (all threads)", "user_s")
     row("   CPU per call, user, inside the loop only", "loop_user_s", ratio=False)
+    row("   the same loop with fdatasync stubbed out (not durable)", "loop_user_nosync_s", ratio=False)
     row("   CPU per call, system (write, fsync...)", "sys_s")
     row("   fsync+fdatasync per call (Python-level)", "fsyncs_per_call", kind="count2", ratio=False)
     row("   waiting in fsync+fdatasync, per call", "fsync_wait_s", ratio=False)
@@ -316,7 +319,8 @@ def verdicts(s: dict, args: argparse.Namespace) -> list[dict]:
         out.append({"target": f"(issue 13, peers doc §2.4 target 1) library CPU <= {DOC_CPU_US:.0f} us per call",
                     "measured": f"{fmt_s(cpu)} user CPU per call (getrusage over the whole run / N: all threads, incl. "
                                 f"the views renderer; system CPU {fmt_s(ours.get('sys_s'))} more); inside the loop only "
-                                f"{fmt_s(ours.get('loop_user_s'))}",
+                                f"{fmt_s(ours.get('loop_user_s'))}; the same loop with fdatasync stubbed out (nothing "
+                                f"blocks, not durable) {fmt_s(ours.get('loop_user_nosync_s'))}",
                     "pass": cpu * 1e6 <= DOC_CPU_US})
     return out
 

@@ -339,6 +339,7 @@ class Bench:
         self.runs: dict[str, list[dict]] = {b: [] for b in BACKENDS}  # what the journal check reads back
         self.rows: dict[str, list[dict]] = {}
         self.pairs: dict[str, list[dict]] = {}  # 1 and 8 writers again, back to back (scale_pairs)
+        self.client_cpu: dict = {}  # the HTTP store's client alone, with and without waiting (client_cpu_alone)
         self.faults: dict[str, dict] = {}
         self.checks: dict[str, dict] = {}
         self.raw: dict[str, dict] = {}
@@ -430,6 +431,20 @@ class Bench:
             measured = f"1 writer {one:,.0f}/s, 8 writers {eight:,.0f}/s -> {eight / one:.2f}x" if one and eight else \
                 f"ERROR: {got[1].get('error') or got[8].get('error')}"
             say(f"  {backend:<8} again, back to back: {measured}")
+
+    def client_cpu_alone(self) -> None:
+        """The HTTP store's client in one process with an in-process transport: CPU per append when the
+        answer comes at once and when it comes after one writer's p50 round trip (``_fleet_worker client_cpu``)."""
+        one = next((r for r in self.rows.get("http", []) if r["n"] == 1 and r["ours"].get("stats")), None)
+        wait_us = one["ours"]["stats"]["median_us"] if one else 1500.0
+        count = 300 if self.args.quick else 2000
+        self.client_cpu = self.worker("client_cpu", "--count", str(count), "--wait-us", f"{wait_us:.0f}")
+        c = self.client_cpu
+        if "at_once_us" in c:
+            say(f"  http     client alone (in-process transport, {count:,} checkpoints each): {fmt_us(c['at_once_us'])} "
+                f"of CPU per append answered at once, {fmt_us(c['after_wait_us'])} answered after {fmt_us(wait_us)}")
+        else:
+            say(f"  http     client alone: ERROR {c.get('error')}")
 
     # ---- faults ----
     def fault_kill(self, backend: str, n: int, seconds: float) -> dict:
@@ -646,6 +661,8 @@ def measure(args: argparse.Namespace, wanted: list[str], work: Path, mount: dict
             bench.scaling(backend, counts)
             if backend == "http" and {1, 8} <= set(counts) and args.scale_pairs:
                 bench.scale_pairs(backend, args.scale_pairs)
+            if backend == "http":
+                bench.client_cpu_alone()
             if not args.no_faults and not (args.quick and backend != "postgres"):
                 run_faults(bench, backend, args)
             bench.checks[backend] = bench.check(backend)
@@ -657,7 +674,7 @@ def measure(args: argparse.Namespace, wanted: list[str], work: Path, mount: dict
         notes["servers"] = servers.notes
         say(f"\nwall time {notes['wall_s']:.0f} s; load average {fmt_load(notes['loadavg_start'])} at start, "
             f"{fmt_load(notes['loadavg_end'])} at end")
-        save_results(args.out, {"notes": notes, "rows": bench.rows, "pairs": bench.pairs,
+        save_results(args.out, {"notes": notes, "rows": bench.rows, "pairs": bench.pairs, "client_cpu": bench.client_cpu,
                                 "faults": strip(bench.faults),
                                 "checks": bench.checks, "verdicts": notes.get("verdicts"), "unavailable": unavailable,
                                 "raw_faults": bench.faults})

@@ -57,9 +57,10 @@ def validate_run_id(run_id: object, *, legacy: Callable[[str], bool] | None = No
         elif run_id.endswith("."):
             problem = f"invalid run id {_shown(run_id)}: it ends with '.', which Windows drops from names; remove the dot"
         else:
-            if len(_VALID) >= 4096:  # bounded: a process that lists many runs keeps only the latest few thousand
-                _VALID.clear()
-            _VALID.add(str(run_id))
+            if type(run_id) is str:  # a subclass's str() or == could name other text than was checked
+                if len(_VALID) >= 4096:  # bounded: a process that lists many runs keeps only the latest few thousand
+                    _VALID.clear()
+                _VALID.add(run_id)
             return run_id
     else:
         problem = f"invalid run id {_shown(run_id)}: {_REMEDY}"

@@ -18,7 +18,7 @@ from conftest import need_module
 from servers.journal_service import JournalServiceProcess
 
 from caravanserai import LeaseLost, StoreFull, StoreUnavailable
-from caravanserai.stores.group_commit import GroupCommit
+from caravanserai.stores.group_commit import GroupCommit, Member
 from caravanserai.stores.sql import SqliteStore
 
 TOKEN = "group-commit-token-0123456789"
@@ -135,6 +135,30 @@ def test_a_lone_writer_flushes_at_once_and_a_failed_flush_fails_every_member():
         t.join(10)
     assert sorted(batches[-1]) == ["boom", "x", "y"]  # the three queued writers shared one flush
     assert all(isinstance(results[x], OSError) for x in ("x", "boom", "y"))  # and all saw it fail
+
+
+def test_a_leader_interrupted_before_its_flush_leaves_no_member_waiting():
+    """A Ctrl-C that reaches the leader between taking a batch and flushing it: the leader raises it, every
+    other member of the batch gets a retryable error instead of waiting for ever, and the next submit works."""
+    commits = GroupCommit(lambda batch: [m.done(m.item) for m in batch], key=lambda item: item)
+
+    def interrupted_run(batch, own):
+        raise KeyboardInterrupt
+
+    commits._run = interrupted_run
+    follower = Member("follow")
+    commits._queue.append(follower)  # another writer's append, queued before the leader takes the batch
+    assert isinstance(_interrupt(commits.submit, "lead"), KeyboardInterrupt)
+    assert follower.settled and isinstance(follower.error, StoreUnavailable), follower.error
+    del commits._run
+    assert commits.submit("again") == "again" and not commits._leading and not commits._queue
+
+
+def _interrupt(fn, *args):
+    try:
+        return fn(*args)
+    except BaseException as exc:  # noqa: BLE001 - the test looks at a KeyboardInterrupt
+        return exc
 
 
 def _outcome(fn, *args):

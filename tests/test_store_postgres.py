@@ -103,3 +103,43 @@ def psycopg_connection(dsn: str):
     import psycopg
 
     return psycopg.connect(dsn, autocommit=True)
+
+
+def test_writer_statements_survive_deallocate_all_and_stop_at_ctrl_c(pg):
+    """The server forgetting the store's prepared statements (``DEALLOCATE ALL``, which psycopg itself sends
+    after a DROP or ALTER) costs one prepare again, not every later append; and a writer statement blocked
+    by another session's lock is cancelled by Ctrl-C, as a cursor's is: nothing written, the seq still free."""
+    import os
+    import signal
+    import threading
+
+    store = _fresh(pg, ttl_ms=30000)
+    lease = store.acquire("locked")
+    try:
+        store.append("locked", ['{"n":0}'], lease=lease, seq=0)
+        store.exec("DEALLOCATE ALL", ())
+        store.append("locked", ['{"n":1}'], lease=lease, seq=1)
+        assert store.load("locked") == ['{"n":0}', '{"n":1}']
+
+        admin = psycopg_connection(pg.dsn)
+        admin.autocommit = False
+        admin.execute(f"LOCK TABLE {store.table} IN ACCESS EXCLUSIVE MODE")
+        released = threading.Event()
+
+        def release_later() -> None:  # only if Ctrl-C did not stop the append: the test then fails, not hangs
+            if not released.wait(30):
+                released.set()
+                admin.rollback()
+
+        threading.Thread(target=release_later, daemon=True).start()
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        with pytest.raises(KeyboardInterrupt):
+            store.append("locked", ['{"n":2}'], lease=lease, seq=2)
+        assert not released.is_set(), "the append waited for the lock instead of stopping at Ctrl-C"
+        released.set()
+        admin.rollback()
+        admin.close()
+        store.append("locked", ['{"n":2}'], lease=lease, seq=2)  # nothing was written: the same seq again
+        assert store.load("locked") == ['{"n":0}', '{"n":1}', '{"n":2}']
+    finally:
+        store.close()

@@ -145,6 +145,21 @@ def test_names_close_to_reserved_ones_stay_valid(tmp_path, good):
     assert store.load(good) == lines and store.list() == [good]
 
 
+def test_an_id_checked_once_is_remembered_only_as_the_text_that_was_checked():
+    """validate_run_id remembers the ids it found valid; a str subclass whose str() names other text
+    cannot make that text pass unchecked."""
+    class Liar(str):
+        def __str__(self) -> str:
+            return "../../etc"
+
+    assert validate_run_id(Liar("checked-run")) == "checked-run"
+    with pytest.raises(InvalidRunId):
+        validate_run_id("../../etc")
+    assert validate_run_id("checked-run") == "checked-run"
+    with pytest.raises(InvalidRunId):  # twice: a refusal is never remembered as valid
+        validate_run_id("../../etc")
+
+
 def test_the_local_store_never_touches_paths_outside_it(tmp_path):
     outside = tmp_path / "x"
     outside.mkdir()

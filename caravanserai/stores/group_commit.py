@@ -89,10 +89,16 @@ class GroupCommit(Generic[T]):
                 try:
                     self._run(batch, own)
                 finally:
-                    cond.acquire()
+                    interrupted = _acquire(cond)  # the lock back even through a Ctrl-C: `with` releases it
+                    for m in batch:  # a Ctrl-C before the flush settled them: none waits for a batch that is gone
+                        if not m.settled:
+                            m.fail(StoreUnavailable("the append was interrupted before its batch was flushed; "
+                                                    "nothing is acknowledged: retry it (its seq is still free)"))
                     self._leading = False
                     if self._waiting:  # followers whose batch this was, or the next leader
                         cond.notify_all()
+                    if interrupted is not None:
+                        raise interrupted
 
     def _take(self) -> list[Member[T]]:
         """The queued members, one per key (the others wait for the next batch). Under the lock."""
@@ -121,6 +127,17 @@ class GroupCommit(Generic[T]):
             if not m.settled:
                 m.fail(StoreUnavailable("the store's group commit settled no outcome for this append; nothing is "
                                         "acknowledged: retry it (its seq is still free)"))
+
+
+def _acquire(cond: threading.Condition) -> BaseException | None:
+    """Take ``cond``'s lock, again if a signal handler's exception (Ctrl-C) cut the wait short; that exception."""
+    interrupted = None
+    while True:
+        try:
+            cond.acquire()
+            return interrupted
+        except BaseException as exc:  # KeyboardInterrupt from a lock wait: the lock is not held yet
+            interrupted = exc
 
 
 def _copy(exc: BaseException) -> BaseException:

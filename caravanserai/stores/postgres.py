@@ -11,6 +11,7 @@ and a server that cannot be reached is ``StoreUnavailable``. Needs
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -34,20 +35,24 @@ class PsycopgExec:
     ``StoreUnavailable``, once; the next statement opens a new connection, so a writer that starts
     again (a fresh ``durable()``) continues on the same cached store without closing it by hand.
     Statements named in ``direct`` (a writer's: append, renew) go to libpq through ``psycopg.pq``,
-    prepared once per connection: without the cursor's Python layers a statement costs the client a
-    quarter of the instructions (counted under valgrind). The rest use one cursor, as the store
-    serializes its calls (``SqlStore.exec``).
+    prepared once per connection: without the cursor's Python layers a statement costs the client
+    about a quarter of the instructions (counted under valgrind). The store serializes its calls
+    (``SqlStore.exec``).
     """
 
     def __init__(self, dsn: str) -> None:
         try:
             import psycopg
+            from psycopg import generators
         except ImportError as exc:
             raise MissingExtra("postgresql:// stores need psycopg 3: pip install 'caravanserai[postgres]'",
                                extra="postgres") from exc
         self._psycopg = psycopg
         status, types = psycopg.pq.ExecStatus, psycopg.postgres.types
-        self._rows, self._ok = status.TUPLES_OK, (status.TUPLES_OK, status.COMMAND_OK)
+        self._rows, self._ok, self._fatal = status.TUPLES_OK, (status.TUPLES_OK, status.COMMAND_OK), status.FATAL_ERROR
+        self._sqlstate = psycopg.pq.DiagnosticField.SQLSTATE
+        self._execute = generators.execute  # what a cursor's execute waits on
+        self._names = itertools.count()
         self._int8 = types["int8"].oid
         self._ints = frozenset(types[name].oid for name in ("int2", "int4", "int8"))
         self._dsn, self._shown = dsn, _redact(dsn)
@@ -56,7 +61,6 @@ class PsycopgExec:
         self._prepared: dict[tuple[str, tuple[type, ...]], bytes] = {}  # on self._prepared_on, by query and types
         self._prepared_on: Any = None
         self._encoding = "utf-8"  # the connection's client encoding, read with _prepared_on
-        self.cursor: Any = None
         self.closed = False  # the store was closed: no reconnect
         self.retry_at = 0.0
         self.connection = self._connect()
@@ -91,36 +95,48 @@ class PsycopgExec:
         text = self._converted.get(query)
         if text is None:
             text = self._converted[query] = re.sub(r"\$\d+", "%s", query)
-        cur = self.cursor
-        if cur is None or cur.connection is not conn:  # one cursor per connection: a new one per statement costs ~25 us
-            cur = self.cursor = conn.cursor()
-        cur.execute(text, params)
+        cur = conn.execute(text, params)  # a cursor per statement: none keeps a big result (an object's bytes) alive
         result = cur.pgresult  # its status, not cur.description, which builds a Column per field
         return cur.fetchall() if result is not None and result.status == self._rows else []
 
     def _direct(self, conn: Any, query: str, params: Sequence[Any]) -> list:
         """``query`` through ``psycopg.pq``: prepared once per connection with its parameters' types (int8 for
-        an int, unknown for a str, as psycopg sends them), run with text values; integer columns come back
-        as int, the others as str (``direct`` statements return no other type). An error result raises
-        what psycopg would raise for it (``errors.error_from_result``: a UniqueViolation stays one)."""
+        every int: each meets a bigint; unknown for a str, as psycopg sends it), sent with text values and
+        awaited by ``Connection.wait``, which cancels it on Ctrl-C as a cursor does. Integer columns come
+        back as int, the others as str (``direct`` statements return no other type); an error result raises
+        what psycopg raises for it (``errors.error_from_result``: a UniqueViolation stays one)."""
         pgconn = conn.pgconn
         if self._prepared_on is not pgconn:
-            self._prepared, self._prepared_on, self._encoding = {}, pgconn, conn.info.encoding
+            encoding = conn.info.encoding
+            self._prepared, self._prepared_on = {}, pgconn
+            self._encoding = "utf-8" if encoding == "ascii" else encoding  # SQL_ASCII: psycopg sends UTF-8 too
         encoding = self._encoding
         types = tuple(map(type, params))
-        name = self._prepared.get((query, types))
-        if name is None:
-            name = b"caravanserai_%d" % len(self._prepared)
-            self._check(pgconn.prepare(name, query.encode(encoding), [self._int8 if t is int else 0 for t in types]), encoding)
-            self._prepared[(query, types)] = name
         values = [b"%d" % p if type(p) is int else p.encode(encoding) for p in params]
-        result = self._check(pgconn.exec_prepared(name, values), encoding)
+        for attempt in (1, 2):
+            name = self._prepared.get((query, types))
+            if name is None:
+                name = b"caravanserai_%d" % next(self._names)  # never reused: a prepare cut short may exist server-side
+                pgconn.send_prepare(name, query.encode(encoding), [self._int8 if t is int else 0 for t in types])
+                self._check(self._wait(conn), encoding)
+                self._prepared[(query, types)] = name
+            pgconn.send_query_prepared(name, values)
+            result = self._wait(conn)
+            if result.status == self._fatal and result.error_field(self._sqlstate) == b"26000" and attempt == 1:
+                self._prepared.clear()  # the server forgot them (DEALLOCATE ALL, DISCARD ALL): nothing ran, prepare again
+                continue
+            break
+        self._check(result, encoding)
         if result.status != self._rows:
             return []
         as_int = [result.ftype(column) in self._ints for column in range(result.nfields)]
         get = result.get_value
         return [tuple(None if (value := get(row, column)) is None else int(value) if number else value.decode(encoding)
                       for column, number in enumerate(as_int)) for row in range(result.ntuples)]
+
+    def _wait(self, conn: Any) -> Any:
+        """The result of the statement just sent (psycopg's generator and wait loop, as its cursors use)."""
+        return conn.wait(self._execute(conn.pgconn))[-1]
 
     def _check(self, result: Any, encoding: str) -> Any:
         if result.status in self._ok:
