@@ -246,9 +246,11 @@ def cpu_ceiling(one: dict, eight: dict) -> str:
     so less CPU per append speeds it up too: only more cores, or batching that cuts the CPU per append
     at 8 clients further than at 1, lifts the ceiling."""
     cores = os.cpu_count() or 1
-    per = (eight["ours"].get("client_cpu_us") or 0) + (eight["ours"].get("server_cpu_us") or 0)
-    if not per or not one["ours"].get("per_s"):
-        return ""
+    client, server = eight["ours"].get("client_cpu_us"), eight["ours"].get("server_cpu_us")
+    seen = eight["ours"].get("server_cpu_parts_us") or {}
+    if not client or not server or not {"service", "postgres"} <= seen.keys() or not one["ours"].get("per_s"):
+        return ""  # a PostgreSQL of yours (--pg-url): its CPU is not seen here, so there is no ceiling to tell
+    per = client + server
     top = cores / (per / 1e6)
     return (f"; the ceiling here: {cores} cores / {fmt_us(per)} of CPU per append at 8 clients (client + servers) = "
             f"{top:,.0f} appends/s = {top / one['ours']['per_s']:.2f}x one client")
