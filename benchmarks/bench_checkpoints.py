@@ -28,10 +28,10 @@ next to the repo (the real disk, not tmpfs; ``--dir`` moves it), deleted afterwa
    ``DurableAgent().resume_from(log.load(forked))`` for the remaining steps (that is resume, not fork).
    **The floor (issue 13).** For every fresh-log sample, ``hashlib.sha256`` of that fork's own
    checkpoint bytes (``log.load(fork)``, untimed; median of 7) is timed in the same run: a fork must
-   hash its full checkpoint, since its id is that hash. Each position gets PASS/MISS against <= 3x
-   that floor, for the warm log (the source already in the log's memory: the fork proper, its
-   change plus one hash plus two durable writes) and for a fresh log (which also reads, verifies
-   and parses the source), with the fsync time and the process CPU time beside it.
+   hash its full checkpoint, since its id is that hash. Each position gets PASS/MISS against that
+   floor: <= 3x for the warm log (the source already in the log's memory: the fork proper, its
+   change plus one hash plus two durable writes) and <= 5x for a fresh log (issue 24: it also
+   reads, verifies and parses the source), with the fsync time and the process CPU time beside it.
 4. **Report.** A table with the peers' fork/load/storage figures quoted from
    ``shared/recipes/peers/durable-peers.md`` (context, not re-measured), PASS/MISS against the
    targets (a report: the exit status is 0 either way), raw numbers in
@@ -92,6 +92,7 @@ FORK_VALUE = "new prompt"
 TARGET_MS = 5.0          # fork target (issue); also used for load, since every fork starts with a load
 SAME_RATIO = 1.5         # "the same at both positions": slower median / faster median <= 1.5
 FLOOR_RATIO = 3.0        # issue 13: a fork <= 3x the SHA-256 of its own checkpoint bytes, at both positions
+FRESH_FLOOR_RATIO = 5.0  # issue 24: from a freshly opened log (which also reads and verifies the source), <= 5x
 
 
 def prompts(n: int) -> list[str]:
@@ -569,14 +570,15 @@ def main() -> int:
         for k in ks:   # issue 13: a fork costs the size of its change plus one SHA-256 of its bytes
             f = result["fork"][str(k)]
             floor = f["floor_sha256"]["median"]
-            for mode, label in (("warm_source_cached", "source in the log's cache"), ("fresh", "fresh log")):
+            for mode, label, ratio in (("warm_source_cached", "source in the log's cache", FLOOR_RATIO),
+                                       ("fresh", "fresh log", FRESH_FLOOR_RATIO)):
                 med = f[mode]["median"]
                 fsync_med = f["warm_fsync_s" if mode == "warm_source_cached" else "fsync_s"]["median"]
                 cpu_med = f["warm_cpu" if mode == "warm_source_cached" else "fresh_cpu"]["median"]
                 f[f"ratio_{mode}"] = med / floor
-                verdicts.append({"name": f"fork at step {k:,} of {steps:,} ({label}) <= {FLOOR_RATIO:g}x the floor "
+                verdicts.append({"name": f"fork at step {k:,} of {steps:,} ({label}) <= {ratio:g}x the floor "
                                          f"(SHA-256 of its {f['fork_record']['checkpoint_bytes']:,} B)",
-                                 "pass": med <= FLOOR_RATIO * floor,
+                                 "pass": med <= ratio * floor,
                                  "detail": f"fork {fmt_t(med)} / floor {fmt_t(floor)} = {med / floor:.1f}x; "
                                            f"of which fsync {fmt_t(fsync_med)}: without it "
                                            f"{max(med - fsync_med, 0) / floor:.1f}x; CPU time {fmt_t(cpu_med)} = "
@@ -656,7 +658,7 @@ def report(r: dict, steps: int, ks: tuple[int, int], small_steps: int) -> None:
         rows.append(("   fork, warm log (source already loaded)", fmt_t(f["warm_source_cached"]["median"]), ""))
         rows.append((f"   floor: SHA-256 of the fork's {f['fork_record']['checkpoint_bytes']:,} B; ratio fresh / warm",
                      f"{fmt_t(f['floor_sha256']['median'])}; {f['ratio_fresh']:.1f}x / "
-                     f"{f['ratio_warm_source_cached']:.1f}x", "issue 13 target: <= 3x at both positions"))
+                     f"{f['ratio_warm_source_cached']:.1f}x", "targets: warm <= 3x (issue 13), fresh <= 5x (issue 24)"))
         rec = f["fork_record"]
         rows.append(("   fork stored as", f"{rec['kind']} depth {rec['depth']}, {fmt_b(rec['stored_bytes'])}", ""))
     for k in ks:

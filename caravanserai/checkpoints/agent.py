@@ -386,7 +386,9 @@ def known_fields(raw_header: bytes) -> list[tuple[str, bytes, Any, int]]:
     """The graph a header most likely holds, already encoded (``steps`` is guessed from the text;
     ``format.decode`` compares the bytes and parses everything else): a checkpoint's header is
     mostly its graph, so a decode compares it instead of parsing it."""
-    found = _STEPS_FIELD.search(raw_header)
+    last = raw_header.rfind(b'"steps":')  # the field sorts after the graph: look from the end first
+    found = _STEPS_FIELD.match(raw_header, last) if last >= 0 else None
+    found = found or _STEPS_FIELD.search(raw_header)
     if found is None or not 1 <= int(found[1]) <= MAX_STEPS:
         return []
     steps = int(found[1])
@@ -475,6 +477,10 @@ def _check_values(values: Any, steps: int, what: str) -> None:
     """Values: a dict keyed by node ids of the graph, with a str for every prompt."""
     if not isinstance(values, dict):
         corrupt(what, "its values are not a JSON object")
+    if ([*itertools.islice(values, steps)] == _sorted_prompt_ids(steps)  # a decoded checkpoint: sorted keys
+            and {*map(type, itertools.islice(values.values(), steps))} == {str}
+            and {*itertools.islice(values, steps, None)} <= _step_ids(steps)):
+        return  # every prompt first and a str, then steps: compared in C, without hashing the prompts
     if not values.keys() <= _node_ids(steps):  # a set comparison; the loop below only names the stray key
         for key in values:
             if _node_index(key, steps) is None:
@@ -484,6 +490,17 @@ def _check_values(values: Any, steps: int, what: str) -> None:
     for i in range(steps):  # bounded: steps == len(graph) / 2, checked first
         if not isinstance(values.get(prompt_id(i)), str):
             corrupt(what, f"its prompt {prompt_id(i)} is missing or not a string")
+
+
+@functools.lru_cache(maxsize=4)
+def _sorted_prompt_ids(steps: int) -> list[str]:
+    """The prompt ids in the order a checkpoint's sorted values hold them (never modified)."""
+    return sorted(_prompt_ids(steps))
+
+
+@functools.lru_cache(maxsize=4)
+def _step_ids(steps: int) -> frozenset[str]:
+    return frozenset(map(step_id, range(steps)))
 
 
 @functools.lru_cache(maxsize=4)

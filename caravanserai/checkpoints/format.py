@@ -32,7 +32,7 @@ from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from itertools import chain, compress, repeat
+from itertools import accumulate, chain, compress, repeat
 from json.encoder import encode_basestring  # the C escaper canonical JSON uses
 from typing import Any, NoReturn, cast
 
@@ -91,17 +91,23 @@ def _field_json(value: Any) -> bytes:
 
 
 def _item(key: str, value: Any, _int: set = {int}) -> bytes:  # noqa: B006 - a constant, never changed
-    """``"key":value`` as canonical JSON writes it inside an object (fast paths for a str and a token list)."""
+    """``"key":value`` as canonical JSON writes it inside an object, without its first ``"`` (items are
+    joined by ``,"``: the text cut at that separator), with fast paths for a str and a token list."""
     kind = type(value)
     if kind is str:
-        return f"{encode_basestring(key)}:{encode_basestring(value)}".encode()
+        return f"{encode_basestring(key)[1:]}:{encode_basestring(value)}".encode()
     if kind is list and {*map(type, value)} <= _int:
-        return f"{encode_basestring(key)}:[{','.join(map(str, value))}]".encode()
-    return canonical_json(key) + b":" + canonical_json(value)
+        return f"{encode_basestring(key)[1:]}:[{','.join(map(str, value))}]".encode()
+    return canonical_json(key)[1:] + b":" + canonical_json(value)
 
 
 def _kv_entry(key: str, blob: bytes) -> bytes:
-    return f"[{encode_basestring(key)},{len(blob)}]".encode()
+    """``[key,length]`` of the KV index without its brackets (entries are joined by ``],[``)."""
+    return f"{encode_basestring(key)},{len(blob)}".encode()
+
+
+def _joined(items: list[bytes], opening: bytes, separator: bytes, closing: bytes, empty: bytes) -> bytes:
+    return opening + separator.join(items) + closing if items else empty
 
 
 class Sections:
@@ -115,18 +121,22 @@ class Sections:
     Pieces are built lazily and never change: ``data`` must not be modified.
     """
 
-    __slots__ = ("data", "_fields", "_values", "_kv", "_head", "_digest")
+    __slots__ = ("data", "_fields", "_values", "_kv", "_head", "_digest", "_text", "_decoded")
 
-    def __init__(self, data: CheckpointData) -> None:
+    def __init__(self, data: CheckpointData, text: bytes | None = None) -> None:
+        """``text``: the header bytes ``data`` was decoded from (its pieces are then cut from them, not
+        encoded again: these sections are those bytes, canonical or not)."""
         self.data = data
         self._fields: dict[str, bytes] | None = None  # top-level field -> its JSON (not values, kv_index)
         self._values: tuple[list[str], list[bytes]] | None = None  # sorted keys, their "key":value items
         self._kv: tuple[list[str], list[bytes], list[bytes]] | None = None  # sorted keys, index entries, blobs
-        self._head: bytes | list[bytes] | None = None  # joined, or still in parts
+        self._head: bytes | list[bytes] | None = text  # joined, or still in parts
         self._digest: bytes | None = None
+        self._text = text  # until cut
+        self._decoded = text is not None  # the head is that text: the KV blobs follow it in the data's order
 
     def _value_items(self) -> tuple[list[str], list[bytes]] | None:
-        if self._values is None:
+        if self._values is None and not self._cut():
             values = self.data.header.get("values")
             if not (isinstance(values, dict) and all(type(k) is str for k in values)):
                 return None  # not a values object: encoded as a plain field
@@ -136,19 +146,72 @@ class Sections:
 
     def keys_from(self, prefix: str) -> list[str] | None:
         """The ``values`` keys that start with ``prefix`` (a bisect: O(log n + found)), if the items are built."""
-        if self._values is None:
+        if self._values is None and not self._cut():
             return None
+        assert self._values is not None
         keys = self._values[0]
         start = bisect_left(keys, prefix)
         end = bisect_left(keys, prefix[:-1] + chr(ord(prefix[-1]) + 1), start) if prefix else len(keys)
         return keys[start:end]
 
     def _kv_items(self) -> tuple[list[str], list[bytes], list[bytes]]:
-        if self._kv is None:
+        if self._kv is None and not self._cut():
             kv = self.data.kv
             keys = sorted(kv)
             self._kv = keys, [_kv_entry(k, kv[k]) for k in keys], [kv[k] for k in keys]
+        assert self._kv is not None
         return self._kv
+
+    def _cut(self) -> bool:
+        """Cut the value items and KV index entries out of the decoded header text instead of encoding
+        them again (a fresh load: thousands of them); False, nothing set, where the text is not laid
+        out as ``_head_parts`` writes it (then they are encoded).
+
+        Every field but ``kv_index`` and ``values`` must be the bytes ``_head_parts`` writes, ``values``
+        the last one, keys in sorted order (``kv_index`` ends where the next field's label starts),
+        and the cut must give exactly one piece per entry. A separator inside a string makes an extra
+        piece, never one fewer: a JSON string has no bare ``"``, and a list of ``[str, int]`` pairs
+        has no ``":`` outside its strings. The pieces are the text as it is: a checkpoint the log
+        committed is canonical, so they are what encoding gives (and the log checks what it rebuilds
+        against its id); spacing that could end up inside the KV index is refused.
+        """
+        text, header, kv = self._text, self.data.header, self.data.kv
+        self._text = None  # tried once
+        values = header.get("values")
+        keys = sorted({*header, "kv_index"})
+        if (text is None or type(values) is not dict or keys[-1] != "values"
+                or not text.startswith(b"{") or not text.endswith(b"}")):
+            return False
+        at, kv_text = 1, b""
+        for i, key in enumerate(keys[:-1]):
+            label = (b"," if i else b"") + canonical_json(key) + b":"
+            if not text.startswith(label, at):
+                return False
+            at += len(label)
+            if key == "kv_index":
+                end = text.find(b"," + canonical_json(keys[i + 1]) + b":", at)
+                if end < 0:
+                    return False
+                kv_text, at = text[at:end], end
+            else:
+                encoded = _field_json(header[key])
+                if not text.startswith(encoded, at):
+                    return False
+                at += len(encoded)
+        values_text = text[at + len(b',"values":'):-1]
+        value_keys, kv_keys = list(values), list(kv)
+        if (values_text[:1] != b"{" or values_text[-1:] != b"}" or value_keys != sorted(value_keys)
+                or kv_keys != sorted(kv_keys)
+                or not (kv_text.startswith(b"[[") and kv_text.endswith(b"]]") if kv else kv_text == b"[]")
+                or any(space in kv_text for space in _SPACES)):  # an entry is rebuilt from its text: no spacing
+            return False
+        items = values_text[2:-1].split(b',"') if values else []
+        entries = kv_text[2:-2].split(b"],[") if kv else []
+        if len(items) != len(values) or len(entries) != len(kv):
+            return False
+        self._values = value_keys, items
+        self._kv = kv_keys, entries, list(kv.values())
+        return True
 
     def head(self) -> bytes:
         """The header's canonical JSON (with its kv_index)."""
@@ -174,9 +237,9 @@ class Sections:
                     parts.append(b",")
                 parts.append(canonical_json(key) + b":")
                 if key == "kv_index":
-                    parts += (b"[", b",".join(self._kv_items()[1]), b"]")
+                    parts.append(_joined(self._kv_items()[1], b"[[", b"],[", b"]]", b"[]"))
                 elif key == "values" and items is not None:
-                    parts += (b"{", b",".join(items[1]), b"}")
+                    parts.append(_joined(items[1], b'{"', b',"', b"}", b"{}"))
                 elif key == "values":
                     parts.append(canonical_json(header[key]))
                 else:
@@ -190,7 +253,8 @@ class Sections:
 
     def _pieces(self) -> list[bytes]:
         head = self._head_parts()
-        return [_PREFIX.pack(MAGIC, FORMAT_VERSION, self.data.kind, sum(map(len, head))), *head, *self._kv_items()[2]]
+        blobs = list(self.data.kv.values()) if self._decoded else self._kv_items()[2]
+        return [_PREFIX.pack(MAGIC, FORMAT_VERSION, self.data.kind, sum(map(len, head))), *head, *blobs]
 
     def identify(self) -> tuple[str, int]:
         """``(checkpoint id, size in bytes)`` from one SHA-256 pass over the pieces (the digest is its midpoint)."""
@@ -215,7 +279,7 @@ class Sections:
 
         The caller checks the values first (JSON; ``_item`` raises on anything else)."""
         values_set, kv_set = values_set or {}, kv_set or {}
-        items = self._value_items()
+        items, kv_columns = self._value_items(), self._kv_items()
         if items is None:
             raise TypeError("Sections.edit needs a header with a values object")
         header = dict(self.data.header)
@@ -236,9 +300,9 @@ class Sections:
                            _splice(items, gone, {k: _item(k, v) for k, v in values_set.items()}))
         if kv_gone or kv_set:
             new._kv = cast("tuple[list[str], list[bytes], list[bytes]]",
-                           _splice(self._kv_items(), kv_gone, {k: (_kv_entry(k, b), b) for k, b in kv_set.items()}))
+                           _splice(kv_columns, kv_gone, {k: (_kv_entry(k, b), b) for k, b in kv_set.items()}))
         else:
-            new._kv = self._kv  # shared: pieces are never changed in place (``_splice`` copies)
+            new._kv = kv_columns  # shared: pieces are never changed in place (``_splice`` copies)
         return new
 
 
@@ -289,6 +353,19 @@ def decode(blob: bytes, *, what: str = "checkpoint", known: Known | None = None)
 def decode_identified(blob: bytes, *, what: str = "checkpoint",
                       known: Known | None = None) -> tuple[CheckpointData, str]:
     """``decode`` and the checkpoint id of ``blob``: its digest check and its id are one SHA-256 pass."""
+    sections, cid = decode_sections(blob, what=what, known=known)
+    assert cid is not None
+    return sections.data, cid
+
+
+def decode_sections(blob: bytes, *, what: str = "checkpoint", known: Known | None = None,
+                    verify: bool = True) -> tuple[Sections, str | None]:
+    """``blob`` decoded as ``Sections`` (its pieces cut from its bytes when an edit needs them) and its id.
+
+    ``verify=False`` skips the SHA-256 pass (no digest check, no id): only for bytes whose result the
+    caller verifies against an id anyway (a delta chain rebuilt and hashed once at its end). Every
+    structural check still runs, so unverified bytes are never trusted further than a parse.
+    """
     if not isinstance(blob, (bytes, bytearray, memoryview)):
         raise CheckpointFormatError(f"{what} must be bytes, got {type(blob).__name__}")
     blob = bytes(blob)
@@ -296,11 +373,14 @@ def decode_identified(blob: bytes, *, what: str = "checkpoint",
         raise CheckpointFormatError(f"{what} is not a caravanserai checkpoint (bad magic); "
                                     "pass the bytes run_until_step returned")
     end = len(blob) - DIGEST_BYTES
-    hasher = hashlib.sha256(memoryview(blob)[:end])
-    whole = hasher.copy()
-    whole.update(memoryview(blob)[end:])
-    if hasher.digest() != blob[end:]:  # before reading any field: a flipped byte is damage, not a version
-        raise CheckpointCorruptionError(f"{what} is damaged: its SHA-256 digest does not match its bytes", what=what)
+    cid = None
+    if verify:
+        hasher = hashlib.sha256(memoryview(blob)[:end])
+        whole = hasher.copy()
+        whole.update(memoryview(blob)[end:])
+        if hasher.digest() != blob[end:]:  # before reading any field: a flipped byte is damage, not a version
+            raise CheckpointCorruptionError(f"{what} is damaged: its SHA-256 digest does not match its bytes", what=what)
+        cid = whole.hexdigest()
     _, version, kind, hlen = _PREFIX.unpack_from(blob)
     if version > FORMAT_VERSION:
         raise CheckpointFormatError(f"{what} uses checkpoint format v{version}, "
@@ -312,9 +392,10 @@ def decode_identified(blob: bytes, *, what: str = "checkpoint",
     start = _PREFIX.size
     if hlen > end - start:  # bound the header before reading it
         corrupt(what, f"its header length {hlen} runs past the end of the data ({end - start} bytes)")
-    header = _parse_header(blob[start:start + hlen], what, known)
+    text = blob[start:start + hlen]
+    header = _parse_header(text, what, known)
     kv = _split_kv(header.pop("kv_index"), blob, start + hlen, end, what)
-    return CheckpointData(header, kv, kind), whole.hexdigest()
+    return Sections(CheckpointData(header, kv, kind), text), cid
 
 
 def _parse_header(raw: bytes, what: str, known: Known | None = None) -> dict[str, Any]:
@@ -361,7 +442,8 @@ def _parse_without(raw: bytes, what: str, name: str, encoded: bytes, depth: int)
 def _parse_text(raw: bytes, what: str, extra_depth: int = 0) -> dict[str, Any]:
     header = _parse_fast(raw) if extra_depth <= MAX_JSON_DEPTH else None
     if header is not None:  # strict JSON, UTF-8, no surrogate, no infinity, an object: the rest is checked here
-        if too_deep(header, MAX_JSON_DEPTH + 1):
+        # kv_index, thousands of entries at a late step, is bounded by ``_split_kv``: [str, int] pairs only
+        if too_deep({**header, "kv_index": None}, MAX_JSON_DEPTH + 1):
             corrupt(what, f"its header nests more than {MAX_JSON_DEPTH} levels deep")
         if "kv_index" not in header:
             corrupt(what, "its header has no kv_index")
@@ -404,6 +486,7 @@ def _parse_fast(raw: bytes) -> dict[str, Any] | None:
 
 
 _TWENTY_DIGITS, _MINUS_NINETEEN = b"0" * 20, b"-" + b"0" * 19
+_SPACES = (b" ", b"\t", b"\n", b"\r")  # the whitespace JSON allows between tokens
 _STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 _INNERMOST = re.compile(rb"\[[^\[\]{}]*\]|\{[^\[\]{}]*\}")  # a container with no container inside
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # the only way JSON text can hold a surrogate
@@ -427,9 +510,20 @@ def _no_constant(name: str) -> NoReturn:
 
 
 def _split_kv(index: Any, blob: bytes, offset: int, end: int, what: str) -> dict[str, bytes]:
-    """KV entries from ``kv_index``: ``[str, int >= 0]`` pairs, unique keys, lengths that fill ``blob[offset:end]``."""
+    """KV entries from ``kv_index``: ``[str, int >= 0]`` pairs, unique keys, lengths that fill ``blob[offset:end]``.
+
+    Checked column by column in C first (thousands of entries at a late step); the loop below runs
+    only to name what is wrong."""
     if not isinstance(index, list):
         corrupt(what, f"its kv_index is a JSON {_json_type(index)}, not a list")
+    if index and {*map(type, index)} == {list} and {*map(len, index)} == {2}:
+        keys, lengths = zip(*index, strict=True)
+        if ({*map(type, keys)} == {str} and {*map(type, lengths)} == {int} and min(lengths) >= 0
+                and sum(lengths) == end - offset):
+            bounds = [*accumulate(lengths, initial=offset)]
+            split = dict(zip(keys, map(blob.__getitem__, map(slice, bounds, bounds[1:])), strict=True))
+            if len(split) == len(keys):  # else a key twice: named below
+                return split
     kv: dict[str, bytes] = {}
     remaining = end - offset
     for entry in index:
@@ -451,16 +545,19 @@ def _split_kv(index: Any, blob: bytes, offset: int, end: int, what: str) -> dict
 def too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
     """Whether a JSON value nests more than ``limit`` levels (iterative: safe on any depth).
 
-    Level by level, each level's containers found among all its children in one pass in C
-    (``compress`` over ``map(isinstance, ...)``): a header of 20,000 graph nodes or KV index entries
-    costs milliseconds, not a Python step per container."""
+    Level by level in C: the types of all of a level's children first (the last level, thousands
+    of token lists, ends there), then its containers (``compress`` over ``map(isinstance, ...)``):
+    a header of 20,000 values or KV index entries costs milliseconds, not a Python step per container."""
     level = [value] if isinstance(value, _NESTING) else []
     depth = 0
     while level:
         if depth >= limit:
             return True
-        rows = [item.values() if isinstance(item, dict) else item for item in level]
-        level = list(compress(chain.from_iterable(rows), map(isinstance, chain.from_iterable(rows), repeat(_NESTING))))
+        has_dicts = any(issubclass(kind, dict) for kind in {*map(type, level)})
+        rows = [item.values() if isinstance(item, dict) else item for item in level] if has_dicts else level
+        if not any(issubclass(kind, _NESTING) for kind in {*map(type, chain.from_iterable(rows))}):
+            return False
+        level = [*compress(chain.from_iterable(rows), map(isinstance, chain.from_iterable(rows), repeat(_NESTING)))]
         depth += 1
     return False
 

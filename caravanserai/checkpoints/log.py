@@ -176,6 +176,31 @@ def apply_delta(parent: fmt.CheckpointData, *deltas: fmt.CheckpointData) -> fmt.
     return fmt.CheckpointData(header, kv)
 
 
+def _merge_deltas(deltas: Sequence[fmt.CheckpointData]
+                  ) -> tuple[dict[str, Any], set[str], dict[str, bytes], set[str]] | None:
+    """Checked deltas, applied in order, as one ``Sections.edit`` change (values set, values removed,
+    KV set, KV removed): a chain is spliced once, not once per link. None if one changes header fields."""
+    values: dict[str, Any] = {}
+    kv: dict[str, bytes] = {}
+    values_gone: set[str] = set()
+    kv_gone: set[str] = set()
+    for delta in deltas:
+        changes = delta.header
+        if changes["header"]:
+            return None
+        for key in changes["values_removed"]:
+            values.pop(key, None)
+            values_gone.add(key)
+        values.update(changes["values_set"])
+        values_gone.difference_update(changes["values_set"])
+        for key in changes["kv_removed"]:
+            kv.pop(key, None)
+            kv_gone.add(key)
+        kv.update(delta.kv)
+        kv_gone.difference_update(delta.kv)
+    return values, values_gone, kv, kv_gone
+
+
 def _apply_to_sections(parent: fmt.Sections, delta: fmt.CheckpointData) -> fmt.Sections:
     """``apply_delta`` on already-encoded sections: only the delta's keys are encoded."""
     changes = delta.header
@@ -470,13 +495,19 @@ class CheckpointLog:
             self._cache.move_to_end(checkpoint)
             return cached
         chain = self._chain(checkpoint)
-        deltas = [self._read_delta(rec) for rec in reversed(chain) if rec.base is not None]
         start = self._cache.get(chain[-1].base) if chain[-1].base is not None else None
+        if start is None and len(chain) > 1:
+            rebuilt = self._rebuild(chain)
+            if rebuilt is not None:
+                validate_header(rebuilt.data, f"checkpoint {checkpoint}")
+                self._remember(checkpoint, rebuilt)
+                return rebuilt
+        deltas = [self._read_delta(rec) for rec in reversed(chain) if rec.base is not None]
         if start is None:  # the chain starts at a full object: its digest check gives its id in the same pass
-            data, cid = self._read_full(chain[-1])
+            base, cid = self._read_full(chain[-1])
             if cid != chain[-1].id:
                 raise _mismatch(checkpoint)
-            sections = fmt.Sections(apply_delta(data, *deltas)) if deltas else fmt.Sections(data)
+            sections = fmt.Sections(apply_delta(base.data, *deltas)) if deltas else base
         elif start._values is not None:  # a cached base with its items encoded: only each delta's keys encoded
             sections = start
             for delta in deltas:
@@ -512,33 +543,49 @@ class CheckpointLog:
             chain.append(rec)
         return chain
 
-    def _read_object(self, rec: CheckpointRecord) -> tuple[fmt.CheckpointData, str]:
-        """Read and decode ``rec``'s stored object, and the SHA-256 of its bytes."""
+    def _rebuild(self, chain: list[CheckpointRecord]) -> fmt.Sections | None:
+        """The checkpoint at the end of ``chain`` (full object first, then deltas), verified by one
+        SHA-256 pass over the result against its id: if the rebuilt bytes hash to the id, every object
+        that made them was intact, so the full object's own digest pass is skipped. None where
+        anything does not match; the caller then takes the path that checks each object and names the
+        damaged one."""
+        try:
+            base, _ = self._read_object(chain[-1], verify=False)
+            if base.data.kind != fmt.FULL:
+                return None
+            change = _merge_deltas([self._read_delta(rec) for rec in reversed(chain[:-1])])
+            sections = base.edit(*change) if change is not None else None
+        except (CheckpointCorruptionError, KeyError, TypeError, ValueError):
+            return None
+        return sections if sections is not None and sections.identify()[0] == chain[0].id else None
+
+    def _read_object(self, rec: CheckpointRecord, *, verify: bool = True) -> tuple[fmt.Sections, str | None]:
+        """Read and decode ``rec``'s stored object, and the SHA-256 of its bytes (None unless ``verify``)."""
         what = f"stored object of checkpoint {rec.id}"
         try:
             raw = self.objects.get(self._object_key(rec.id, rec.base))
         except ObjectNotFound:
             raise CheckpointCorruptionError(f"{what} is missing from the store", checkpoint=rec.id) from None
         try:
-            return fmt.decode_identified(raw, what=what, known=known_fields if rec.base is None else None)
+            return fmt.decode_sections(raw, what=what, known=known_fields if rec.base is None else None, verify=verify)
         except CheckpointFormatError as exc:  # a stored object was written by us: unreadable means damaged
             raise CheckpointCorruptionError(f"{what} is damaged ({exc.message})", checkpoint=rec.id) from None
 
-    def _read_full(self, rec: CheckpointRecord) -> tuple[fmt.CheckpointData, str]:
+    def _read_full(self, rec: CheckpointRecord) -> tuple[fmt.Sections, str | None]:
         """A full stored object, validated, and its id."""
         stored, cid = self._read_object(rec)
         what = f"stored object of checkpoint {rec.id}"
-        if stored.kind != fmt.FULL:
+        if stored.data.kind != fmt.FULL:
             corrupt(what, "its record says full but it is a delta", checkpoint=rec.id)
-        validate_header(stored, what)
+        validate_header(stored.data, what)
         return stored, cid
 
     def _read_delta(self, rec: CheckpointRecord) -> fmt.CheckpointData:
         """A delta stored object, checked against the base its record names."""
         assert rec.base is not None
         stored, _ = self._read_object(rec)
-        check_delta(stored, rec.base, f"stored object of checkpoint {rec.id}")
-        return stored
+        check_delta(stored.data, rec.base, f"stored object of checkpoint {rec.id}")
+        return stored.data
 
     def _remember(self, cid: str, sections: fmt.Sections) -> None:
         self._cache[cid] = sections

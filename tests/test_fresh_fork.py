@@ -1,0 +1,246 @@
+"""A fork from a freshly opened log (issue 24): pieces cut from the stored text, one hash of the rebuilt chain.
+
+A fresh ``CheckpointLog`` reads a chain (a full object, then deltas). It cuts the value items and
+KV index entries out of the full object's header text instead of encoding them again, rebuilds
+the chain with one splice, and checks the result against its id with one SHA-256 pass (the full
+object's own digest pass is skipped: if the result hashes to its id, every object was intact).
+Each test compares with a plain path written out here or in ``test_fork_speed.py``, and checks
+that damage is still named object by object. Nothing here measures time:
+``benchmarks/bench_checkpoints.py`` does.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import OrderedDict
+
+import pytest
+from agent_helpers import flip, long_run, object_key
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_fork_speed import edits, fields, kv_dicts, plain_decode, plain_encode, plain_fork, redigest, sha, split, values_dicts
+
+from caravanserai.checkpoints import CheckpointLog, DurableAgent, LocalDirectoryStore
+from caravanserai.checkpoints import format as fmt
+from caravanserai.checkpoints.agent import known_fields, validate_header
+from caravanserai.errors import CheckpointCorruptionError
+
+
+# ---- Sections decoded from bytes: the same pieces as encoding gives --------------------------
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(fields, values_dicts, kv_dicts, edits)
+def test_sections_decoded_from_bytes_edit_into_the_plain_encoding(header, values, kv, steps):
+    blob = plain_encode({**header, "values": values}, kv)
+    sections, cid = fmt.decode_sections(blob)
+    assert cid == sha(blob) and sections.to_bytes() == blob  # the stored bytes, as they are
+    model_values, model_kv = dict(values), dict(kv)
+    for values_set, values_removed, kv_set, kv_removed in steps:
+        sections = sections.edit(values_set, values_removed, kv_set, kv_removed)
+        for key in values_removed:
+            model_values.pop(key, None)
+        model_values.update(values_set)
+        for key in kv_removed:
+            model_kv.pop(key, None)
+        model_kv.update(kv_set)
+        expected = plain_encode({**header, "values": model_values}, model_kv)
+        assert sections.to_bytes() == expected
+        assert sections.identify() == (sha(expected), len(expected))
+        assert sections.data.header["values"] == model_values and sections.data.kv == model_kv
+
+
+def _agent_blob(prompts: list[str], step: int) -> bytes:
+    return DurableAgent().begin(prompts).run_until_step(step)
+
+
+def _generic(values: dict, kv: dict, **fields_: object) -> bytes:
+    return plain_encode({"format": "x", **fields_, "values": values}, kv)
+
+
+CUT_CASES = {  # name: (bytes, whether the pieces are cut from the text)
+    "a DurableAgent checkpoint": (_agent_blob(["a", "b", "c"], 1), True),
+    "a value holding the separators and labels as text": (
+        _generic({"a": 'x,"values":{"b":1},"kv_index":[[', "b": [1, 2]}, {"k": b"12"}), True),
+    "a nested value with a values key": (_generic({"a": {"values": {"b": [1]}}, "c": "d"}, {}), True),
+    "no values, no KV entries": (_generic({}, {}), True),
+    "a prompt that ends with a comma": (_agent_blob(["ends with,", "b"], 1), False),
+    "a KV key holding the entry separator": (_generic({"a": 1}, {"x],[y": b"1", "z": b"22"}), False),
+    "a field that sorts after values": (_generic({"a": 1}, {}, zz=1), False),
+    "values that are not an object": (plain_encode({"values": [1, 2]}, {}), False),
+}
+
+
+def _spaced(blob: bytes, old: bytes, new: bytes) -> bytes:
+    head, rest = split(blob)
+    assert old in head
+    return redigest(head.replace(old, new, 1), rest)
+
+
+SPACED = _agent_blob(["a", "b", "c"], 1)
+CUT_CASES |= {  # not canonical (a log commits only canonical bytes): cut only where the pieces stay valid JSON
+    "spaces around the KV index": (_spaced(SPACED, b'"kv_index":[[', b'"kv_index":[ ['), False),
+    "a space inside a KV entry": (_spaced(SPACED, b'"kv_index":[["step-0",', b'"kv_index":[["step-0", '), False),
+    "a space between values": (_spaced(SPACED, b'","prompt-1"', b'", "prompt-1"'), False),
+    "a space after a value's colon": (_spaced(SPACED, b'"prompt-1":"', b'"prompt-1": "'), True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CUT_CASES))
+def test_pieces_are_cut_from_the_text_only_where_each_is_one_entry(name):
+    blob, cut = CUT_CASES[name]
+    decoded, _ = fmt.decode_sections(blob)
+    assert decoded._cut() is cut
+    plain_header, plain_kv = plain_decode(blob)
+    canonical = fmt.encode(fmt.decode(blob)) == blob
+    for key in list(plain_header.get("values", {}))[:2] if isinstance(plain_header.get("values"), dict) else []:
+        fresh, _ = fmt.decode_sections(blob)
+        edited = fresh.edit({key: "new", "added": [3]}, [], {"new-kv": b"abc"}, list(plain_kv)[:1])
+        values = {**plain_header["values"], key: "new", "added": [3]}
+        kv = {k: v for k, v in plain_kv.items() if k not in list(plain_kv)[:1]} | {"new-kv": b"abc"}
+        expected = plain_encode({**plain_header, "values": values}, kv)
+        if canonical or not cut:  # encoded again where not cut: canonical whatever the source
+            assert edited.to_bytes() == expected, key
+        assert plain_decode(edited.to_bytes()) == plain_decode(expected)  # the same checkpoint, read back
+        assert edited.identify() == (sha(edited.to_bytes()), len(edited.to_bytes()))
+
+
+def test_a_fork_of_a_checkpoint_whose_pieces_cannot_be_cut_is_still_the_plain_fork(tmp_path):
+    prompts = ["ends with,", 'say "hi", then stop', "c", "d"]
+    ckpts = [_agent_blob(prompts, i) for i in range(4)]
+    store = LocalDirectoryStore(tmp_path / "ckpt")
+    log = CheckpointLog(store, "odd")
+    ids, prev = [], None
+    for step, blob in enumerate(ckpts):
+        prev = log.commit(blob, parent=prev, step=step)
+        ids.append(prev)
+    for k in range(4):
+        cid = CheckpointLog(store, "odd").fork(ids[k], "prompt-1", "edited,")
+        assert cid == sha(plain_fork(ckpts[k], "prompt-1", "edited,"))
+
+
+# ---- a fresh log: one hash of the rebuilt chain, damage still named -------------------------
+@pytest.fixture
+def chain(tmp_path):
+    ckpts = long_run(12)
+    store = LocalDirectoryStore(tmp_path / "ckpt")
+    log = CheckpointLog(store, "long")
+    ids, prev = [], None
+    for step, blob in enumerate(ckpts):
+        prev = log.commit(blob, parent=prev, step=step)
+        ids.append(prev)
+    assert [log.record(i).depth for i in ids] == list(range(12))  # one full object, then deltas
+    return store, ckpts, ids
+
+
+def test_a_fresh_log_rebuilds_a_chain_with_one_hash_and_the_plain_bytes(chain, monkeypatch):
+    store, ckpts, ids = chain
+    verified = []
+    real = fmt.decode_sections
+
+    def spy(blob, **kw):
+        verified.append(kw.get("verify", True))
+        return real(blob, **kw)
+
+    monkeypatch.setattr(fmt, "decode_sections", spy)
+    for k in (1, 6, 11):
+        verified.clear()
+        log = CheckpointLog(store, "long")
+        assert log.load(ids[k]) == ckpts[k]
+        assert verified == [False] + [True] * k  # the full object unhashed; each small delta checked
+        cid = CheckpointLog(store, "long").fork(ids[k], f"prompt-{k}", "fresh fork")
+        assert cid == sha(plain_fork(ckpts[k], f"prompt-{k}", "fresh fork"))
+
+
+@pytest.mark.parametrize("where", ["full object, KV bytes", "full object, header", "delta"])
+def test_damage_in_a_chain_is_named_by_its_object_from_a_fresh_log(chain, where):
+    store, ckpts, ids = chain
+    damaged = ids[0] if where.startswith("full") else ids[4]
+    key = object_key(store, "long", damaged)
+    blob = store.get(key)
+    position = {"full object, KV bytes": len(blob) - 40, "full object, header": 200, "delta": 60}[where]
+    store.put(key, flip(blob, position, 0x01))
+    for op in (lambda log: log.load(ids[7]), lambda log: log.fork(ids[7], "prompt-2", "x")):
+        with pytest.raises(CheckpointCorruptionError, match=f"stored object of checkpoint {damaged}") as caught:
+            op(CheckpointLog(store, "long"))
+        assert "\n" not in str(caught.value)
+
+
+def test_a_swapped_delta_is_caught_by_a_fresh_log(chain):
+    store, ckpts, ids = chain
+    key = object_key(store, "long", ids[5])
+    delta = fmt.decode(store.get(key))
+    changed = {**delta.header["values_set"], "step-5": [0] * 8}  # well formed, its own digest right
+    store.put(key, fmt.encode(fmt.CheckpointData({**delta.header, "values_set": changed}, delta.kv, fmt.DELTA)))
+    for k in (5, 9):
+        with pytest.raises(CheckpointCorruptionError, match="does not match its id"):
+            CheckpointLog(store, "long").load(ids[k])
+
+
+# ---- the checks in C say what the loops say -------------------------------------------------
+def _plain_split(index, blob: bytes, offset: int, end: int) -> dict | None:
+    if not isinstance(index, list):
+        return None
+    kv = {}
+    for entry in index:
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)
+                and type(entry[1]) is int and entry[1] >= 0) or entry[0] in kv or entry[1] > end - offset:
+            return None
+        kv[entry[0]], offset = blob[offset:offset + entry[1]], offset + entry[1]
+    return kv if offset == end else None
+
+
+entries = st.lists(st.one_of(
+    st.tuples(st.sampled_from(["a", "b", "c", "d"]), st.integers(-1, 4)).map(list),
+    st.sampled_from([["a"], ["a", 1, 2], [1, 1], ["a", True], ["a", 1.0], "a", None, [["a", 1]]])), max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(entries, st.integers(0, 12))
+def test_the_kv_index_is_split_as_the_loop_splits_it(index, size):
+    blob = bytes(range(size))
+    expected = _plain_split(index, blob, 0, size)
+    if expected is None:
+        with pytest.raises(CheckpointCorruptionError):
+            fmt._split_kv(index, blob, 0, size, "checkpoint")
+    else:
+        assert fmt._split_kv(index, blob, 0, size, "checkpoint") == expected
+
+
+def _values_variants() -> dict[str, dict]:
+    data = fmt.decode(_agent_blob(["a", "b", "c", "d"], 2))
+    values = data.header["values"]
+    shuffled = list(values.items())
+    random.Random(1).shuffle(shuffled)
+    return {
+        "as decoded": values, "shuffled": dict(shuffled), "steps first": dict(sorted(values.items(), reverse=True)),
+        "a prompt not a str": {**values, "prompt-1": 5}, "a prompt missing": {k: v for k, v in values.items() if k != "prompt-2"},
+        "a step past the graph": {**values, "step-4": [1]}, "a stray key": {**values, "zzz": 1},
+        "a prompt past the graph, in order": {**values, "prompt-4": "x"},
+        "an OrderedDict": OrderedDict(values),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_values_variants()))
+def test_values_are_checked_the_same_in_any_order(name):
+    data = fmt.decode(_agent_blob(["a", "b", "c", "d"], 2))
+    values = _values_variants()[name]
+    outcomes = []
+    for order in (values, dict(reversed(list(values.items())))):  # the second never takes the sorted-order path
+        try:
+            validate_header(fmt.CheckpointData({**data.header, "values": order}, data.kv), "checkpoint")
+            outcomes.append("valid")
+        except CheckpointCorruptionError as exc:
+            outcomes.append(str(exc).split(":")[0])
+    assert outcomes[0] == outcomes[1]
+    assert (outcomes[0] == "valid") is (name in ("as decoded", "shuffled", "steps first", "an OrderedDict"))
+
+
+def test_a_step_count_spelled_inside_a_value_decodes_as_a_full_parse_does():
+    blob = _agent_blob(["a", "b", "c"], 1)
+    head, rest = split(blob)
+    values_at = head.index(b'"step-0":')
+    end = head.index(b"]", values_at) + 1
+    tricky = redigest(head[:values_at] + b'"step-0":{"steps":7}' + head[end:], rest)  # after the real "steps"
+    decoded = fmt.decode(tricky, known=known_fields)
+    assert decoded.header == {k: v for k, v in json.loads(split(tricky)[0]).items() if k != "kv_index"}
+    assert decoded.header["steps"] == 3 and decoded.header["values"]["step-0"] == {"steps": 7}
