@@ -16,10 +16,10 @@ import random
 from collections import OrderedDict
 
 import pytest
-from agent_helpers import flip, long_run, object_key
-from hypothesis import HealthCheck, given, settings
+from agent_helpers import commit_chain, flip, long_run, object_key
+from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_fork_speed import edits, fields, kv_dicts, plain_decode, plain_encode, plain_fork, redigest, sha, split, values_dicts
+from test_fork_speed import plain_decode, plain_encode, plain_fork, redigest, sha, split
 
 from caravanserai.checkpoints import CheckpointLog, DurableAgent, LocalDirectoryStore
 from caravanserai.checkpoints import format as fmt
@@ -27,28 +27,7 @@ from caravanserai.checkpoints.agent import known_fields, validate_header
 from caravanserai.errors import CheckpointCorruptionError
 
 
-# ---- Sections decoded from bytes: the same pieces as encoding gives --------------------------
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(fields, values_dicts, kv_dicts, edits)
-def test_sections_decoded_from_bytes_edit_into_the_plain_encoding(header, values, kv, steps):
-    blob = plain_encode({**header, "values": values}, kv)
-    sections, cid = fmt.decode_sections(blob)
-    assert cid == sha(blob) and sections.to_bytes() == blob  # the stored bytes, as they are
-    model_values, model_kv = dict(values), dict(kv)
-    for values_set, values_removed, kv_set, kv_removed in steps:
-        sections = sections.edit(values_set, values_removed, kv_set, kv_removed)
-        for key in values_removed:
-            model_values.pop(key, None)
-        model_values.update(values_set)
-        for key in kv_removed:
-            model_kv.pop(key, None)
-        model_kv.update(kv_set)
-        expected = plain_encode({**header, "values": model_values}, model_kv)
-        assert sections.to_bytes() == expected
-        assert sections.identify() == (sha(expected), len(expected))
-        assert sections.data.header["values"] == model_values and sections.data.kv == model_kv
-
-
+# ---- Sections decoded from bytes: pieces cut from the text only where each is one entry ----
 def _agent_blob(prompts: list[str], step: int) -> bytes:
     return DurableAgent().begin(prompts).run_until_step(step)
 
@@ -108,11 +87,7 @@ def test_a_fork_of_a_checkpoint_whose_pieces_cannot_be_cut_is_still_the_plain_fo
     prompts = ["ends with,", 'say "hi", then stop', "c", "d"]
     ckpts = [_agent_blob(prompts, i) for i in range(4)]
     store = LocalDirectoryStore(tmp_path / "ckpt")
-    log = CheckpointLog(store, "odd")
-    ids, prev = [], None
-    for step, blob in enumerate(ckpts):
-        prev = log.commit(blob, parent=prev, step=step)
-        ids.append(prev)
+    ids = commit_chain(CheckpointLog(store, "odd"), ckpts)
     for k in range(4):
         cid = CheckpointLog(store, "odd").fork(ids[k], "prompt-1", "edited,")
         assert cid == sha(plain_fork(ckpts[k], "prompt-1", "edited,"))
@@ -124,10 +99,7 @@ def chain(tmp_path):
     ckpts = long_run(12)
     store = LocalDirectoryStore(tmp_path / "ckpt")
     log = CheckpointLog(store, "long")
-    ids, prev = [], None
-    for step, blob in enumerate(ckpts):
-        prev = log.commit(blob, parent=prev, step=step)
-        ids.append(prev)
+    ids = commit_chain(log, ckpts)
     assert [log.record(i).depth for i in ids] == list(range(12))  # one full object, then deltas
     return store, ckpts, ids
 
