@@ -60,7 +60,17 @@ CUT_CASES |= {  # not canonical (a log commits only canonical bytes): cut only w
     "spaces around the KV index": (_spaced(SPACED, b'"kv_index":[[', b'"kv_index":[ ['), False),
     "a space inside a KV entry": (_spaced(SPACED, b'"kv_index":[["step-0",', b'"kv_index":[["step-0", '), False),
     "a space between values": (_spaced(SPACED, b'","prompt-1"', b'", "prompt-1"'), False),
-    "a space after a value's colon": (_spaced(SPACED, b'"prompt-1":"', b'"prompt-1": "'), True),
+    "a space after a value's colon": (_spaced(SPACED, b'"prompt-1":"', b'"prompt-1": "'), False),
+    "a space before a token list": (_spaced(SPACED, b'"step-0":[', b'"step-0": ['), True),  # valid, kept as read
+    "a space before the first value": (_spaced(SPACED, b'"values":{"', b'"values":{ "'), False),
+    "a hidden separator and a nested one": (redigest(b'{"format":"x","kv_index":[],"values":{"a":["x","y"], "b":1}}'),
+                                            False),
+    "fields again after the values": (redigest(b'{"format":"x","k":{"p":9},"kv_index":[["z",1]],'
+                                               b'"values":{"a":1,"b":2,"c":3},"kv_index":[["z",1]],"k":{"p":9}}', b"1"),
+                                      False),
+    "the KV index twice": (redigest(b'{"format":"x","kv_index":[["a",1]],"kv_index":[["b",1]],"values":{"v":1}}', b"1"),
+                           False),
+    "a string value ending in a space": (_generic({"a": "x ", "b": 1}, {}), False),
 }
 
 
@@ -137,6 +147,15 @@ def test_damage_in_a_chain_is_named_by_its_object_from_a_fresh_log(chain, where)
         assert "\n" not in str(caught.value)
 
 
+def test_damage_only_in_what_a_later_checkpoint_does_not_use_shows_when_its_own_checkpoint_loads(chain):
+    store, ckpts, ids = chain
+    key = object_key(store, "long", ids[0])
+    store.put(key, flip(store.get(key), len(store.get(key)) - 1, 0x01))  # the full object's digest itself
+    assert CheckpointLog(store, "long").load(ids[4]) == ckpts[4]  # rebuilt, and it hashes to its id
+    with pytest.raises(CheckpointCorruptionError, match=f"stored object of checkpoint {ids[0]}"):
+        CheckpointLog(store, "long").load(ids[0])
+
+
 def test_a_swapped_delta_is_caught_by_a_fresh_log(chain):
     store, ckpts, ids = chain
     key = object_key(store, "long", ids[5])
@@ -197,7 +216,7 @@ def test_values_are_checked_the_same_in_any_order(name):
     data = fmt.decode(_agent_blob(["a", "b", "c", "d"], 2))
     values = _values_variants()[name]
     outcomes = []
-    for order in (values, dict(reversed(list(values.items())))):  # the second never takes the sorted-order path
+    for order in (values, dict(reversed(list(values.items())))):  # the same values, in the other order
         try:
             validate_header(fmt.CheckpointData({**data.header, "values": order}, data.kv), "checkpoint")
             outcomes.append("valid")

@@ -168,12 +168,14 @@ class Sections:
         out as ``_head_parts`` writes it (then they are encoded).
 
         Every field but ``kv_index`` and ``values`` must be the bytes ``_head_parts`` writes, ``values``
-        the last one, keys in sorted order (``kv_index`` ends where the next field's label starts),
-        and the cut must give exactly one piece per entry. A separator inside a string makes an extra
-        piece, never one fewer: a JSON string has no bare ``"``, and a list of ``[str, int]`` pairs
-        has no ``":`` outside its strings. The pieces are the text as it is: a checkpoint the log
-        committed is canonical, so they are what encoding gives (and the log checks what it rebuilds
-        against its id); spacing that could end up inside the KV index is refused.
+        the last one, keys in sorted order (``kv_index`` ends where the next field's label starts: a
+        list of ``[str, int]`` pairs holds no ``":``), and the cut must give exactly one piece per
+        entry. With no space before any ``"`` and no tab or line break (a string holds neither bare,
+        nor a bare ``"``: only a string ending in a space is refused with them), every member
+        boundary of ``values`` is a bare ``,"``, so anything else (a string ending in a comma, a nested
+        object, a field after ``values``) only adds pieces: equal counts mean each piece is its
+        key's member. The pieces are the text as it is: a checkpoint the log committed is canonical,
+        so they are what encoding gives; spacing that could end up inside the KV index is refused.
         """
         text, header, kv = self._text, self.data.header, self.data.kv
         self._text = None  # tried once
@@ -198,12 +200,15 @@ class Sections:
                 if not text.startswith(encoded, at):
                     return False
                 at += len(encoded)
+        if not text.startswith(b',"values":', at):
+            return False
         values_text = text[at + len(b',"values":'):-1]
         value_keys, kv_keys = list(values), list(kv)
-        if (values_text[:1] != b"{" or values_text[-1:] != b"}" or value_keys != sorted(value_keys)
-                or kv_keys != sorted(kv_keys)
+        if (values_text[:2] != (b'{"' if values else b"{}") or values_text[-1:] != b"}"
+                or value_keys != sorted(value_keys) or kv_keys != sorted(kv_keys)
                 or not (kv_text.startswith(b"[[") and kv_text.endswith(b"]]") if kv else kv_text == b"[]")
-                or any(space in kv_text for space in _SPACES)):  # an entry is rebuilt from its text: no spacing
+                or any(space in kv_text for space in _SPACES) or b'":' in kv_text  # one list of pairs, unspaced
+                or b' "' in values_text or any(space in values_text for space in _SPACES[1:])):  # bare ',"' only
             return False
         items = values_text[2:-1].split(b',"') if values else []
         entries = kv_text[2:-2].split(b"],[") if kv else []

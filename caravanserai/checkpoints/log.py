@@ -545,10 +545,11 @@ class CheckpointLog:
 
     def _rebuild(self, chain: list[CheckpointRecord]) -> fmt.Sections | None:
         """The checkpoint at the end of ``chain`` (full object first, then deltas), verified by one
-        SHA-256 pass over the result against its id: if the rebuilt bytes hash to the id, every object
-        that made them was intact, so the full object's own digest pass is skipped. None where
-        anything does not match; the caller then takes the path that checks each object and names the
-        damaged one."""
+        SHA-256 pass over the result against its id: bytes that hash to the id are the checkpoint that
+        was committed, so the full object's own digest pass is skipped (damage in what the result does
+        not use, its digest or a value a later delta replaced, shows when that checkpoint itself is
+        loaded). None where anything does not match; the caller then takes the path that checks each
+        object and names the damaged one."""
         try:
             base, _ = self._read_object(chain[-1], verify=False)
             if base.data.kind != fmt.FULL:
