@@ -19,7 +19,7 @@ import pytest
 from agent_helpers import commit_chain, flip, long_run, object_key
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_fork_speed import plain_decode, plain_encode, plain_fork, redigest, sha, split
+from test_fork_speed import kv_dicts, plain_decode, plain_encode, plain_fork, redigest, sha, split, values_dicts
 
 from caravanserai.checkpoints import CheckpointLog, DurableAgent, LocalDirectoryStore
 from caravanserai.checkpoints import format as fmt
@@ -91,6 +91,49 @@ def test_pieces_are_cut_from_the_text_only_where_each_is_one_entry(name):
             assert edited.to_bytes() == expected, key
         assert plain_decode(edited.to_bytes()) == plain_decode(expected)  # the same checkpoint, read back
         assert edited.identify() == (sha(edited.to_bytes()), len(edited.to_bytes()))
+
+
+def _mutated(head: bytes, how: str, at: int) -> bytes:
+    """``head`` with a space or line break put in (anywhere, or after a comma or an opening brace), or
+    a field written again before the closing brace: text a reader parses, that the encoder never writes."""
+    if how == "field again":
+        parsed = json.loads(head)
+        field = sorted(parsed)[at % len(parsed)]
+        value = json.dumps(parsed[field], separators=(",", ":")).encode()
+        return head[:-1] + b"," + json.dumps(field).encode() + b":" + value + b"}"
+    spacing, _, where = how.partition(" after ")
+    points = [i + 1 for i, byte in enumerate(head) if not where or chr(byte) == where] or [len(head) - 1]
+    point = points[at % len(points)]
+    return head[:point] + spacing.encode().decode("unicode_escape").encode() + head[point:]
+
+
+nested_values = st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), st.lists(st.text(max_size=2), max_size=3)
+                                | st.integers(0, 9) | st.text(max_size=3), max_size=4)
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(nested_values | values_dicts, kv_dicts,
+       st.sampled_from(["field again", " ", "\\n", " after ,", " after {", "\\t after ,", " after :"]),
+       st.integers(0, 10**6))
+def test_whatever_the_stored_text_an_edit_reads_back_as_its_parse_edited(values, kv, how, at):
+    head, rest = split(plain_encode({"format": "x", "values": values}, kv))
+    text = _mutated(head, how, at)
+    try:
+        parsed = json.loads(text)
+        sections, _ = fmt.decode_sections(redigest(text, rest))
+    except (ValueError, CheckpointCorruptionError):
+        return  # not JSON, or not a checkpoint: nothing to cut
+    kv_read = dict(sections.data.kv)
+    if not isinstance(parsed.get("values"), dict):  # a space inside the label: no values object to edit
+        with pytest.raises(TypeError):
+            sections.edit({"a": 1})
+        return
+    key = next(iter(parsed["values"]), "new")
+    edited = sections.edit({key: "edited", "zz": [1]}, [], {"k9": b"xy"}, list(kv_read)[:1])
+    header, kv_back = plain_decode(edited.to_bytes())
+    assert header == {**{k: v for k, v in parsed.items() if k != "kv_index"},
+                      "values": {**parsed["values"], key: "edited", "zz": [1]}}
+    assert kv_back == {k: v for k, v in kv_read.items() if k not in list(kv_read)[:1]} | {"k9": b"xy"}
 
 
 def test_a_fork_of_a_checkpoint_whose_pieces_cannot_be_cut_is_still_the_plain_fork(tmp_path):
