@@ -199,6 +199,22 @@ def test_damage_only_in_what_a_later_checkpoint_does_not_use_shows_when_its_own_
         CheckpointLog(store, "long").load(ids[0])
 
 
+def test_a_chain_whose_delta_changes_a_header_field_loads_fresh_and_warm(tmp_path):
+    ckpts = list(long_run(8))
+    for step in range(3, 8):  # the model id changes at step 3: that delta carries a header field
+        data = fmt.decode(ckpts[step])
+        ckpts[step] = fmt.encode(fmt.CheckpointData({**data.header, "model_id": "fake-2"}, data.kv))
+    store = LocalDirectoryStore(tmp_path / "ckpt")
+    ids = commit_chain(CheckpointLog(store, "model"), ckpts)
+    assert fmt.decode(store.get(object_key(store, "model", ids[3]))).header["header"] == {"model_id": "fake-2"}
+    warm = CheckpointLog(store, "model")
+    for k in (2, 3, 7):
+        assert CheckpointLog(store, "model").load(ids[k]) == ckpts[k]  # fresh: the chain from its full object
+        assert warm.load(ids[k]) == ckpts[k]  # warm: on from the checkpoint the log last loaded
+        cid = CheckpointLog(store, "model").fork(ids[k], "prompt-1", "edited")
+        assert cid == sha(plain_fork(ckpts[k], "prompt-1", "edited"))
+
+
 def test_a_swapped_delta_is_caught_by_a_fresh_log(chain):
     store, ckpts, ids = chain
     key = object_key(store, "long", ids[5])

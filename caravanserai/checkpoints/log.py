@@ -201,10 +201,13 @@ def _merge_deltas(deltas: Sequence[fmt.CheckpointData]
     return values, values_gone, kv, kv_gone
 
 
-def _apply_to_sections(parent: fmt.Sections, delta: fmt.CheckpointData) -> fmt.Sections:
-    """``apply_delta`` on already-encoded sections: only the delta's keys are encoded."""
-    changes = delta.header
-    return parent.edit(changes["values_set"], changes["values_removed"], delta.kv, changes["kv_removed"])
+def _apply_chain(start: fmt.Sections, deltas: Sequence[fmt.CheckpointData]) -> fmt.Sections:
+    """``start`` with checked ``deltas`` applied in order, as one splice of encoded sections (only the
+    changed keys encoded); re-encoded whole only if a delta changes header fields."""
+    if not deltas:
+        return start
+    change = _merge_deltas(deltas)
+    return start.edit(*change) if change is not None else fmt.Sections(apply_delta(start.data, *deltas))
 
 
 def _decode_full(ckpt: Any) -> tuple[fmt.Sections, str]:
@@ -496,32 +499,18 @@ class CheckpointLog:
             return cached
         chain = self._chain(checkpoint)
         start = self._cache.get(chain[-1].base) if chain[-1].base is not None else None
-        if start is None and len(chain) > 1:
-            rebuilt = self._rebuild(chain)
-            if rebuilt is not None:
-                validate_header(rebuilt.data, f"checkpoint {checkpoint}")
-                self._remember(checkpoint, rebuilt)
-                return rebuilt
-        deltas = [self._read_delta(rec) for rec in reversed(chain) if rec.base is not None]
-        if start is None:  # the chain starts at a full object: its digest check gives its id in the same pass
-            base, cid = self._read_full(chain[-1])
-            if cid != chain[-1].id:
+        sections = self._rebuild(chain) if start is None and len(chain) > 1 else None
+        if sections is None:  # checking every object's digest on the way (and naming a damaged one)
+            deltas = [self._read_delta(rec) for rec in reversed(chain) if rec.base is not None]
+            if start is None:  # the chain starts at a full object: its digest check gives its id in the same pass
+                start, cid = self._read_full(chain[-1])
+                if cid != chain[-1].id:
+                    raise _mismatch(checkpoint)
+            sections = _apply_chain(start, deltas)
+            # the rebuilt checkpoint is verified against its id once, at the end of the chain
+            if deltas and sections.identify()[0] != checkpoint:
                 raise _mismatch(checkpoint)
-            sections = fmt.Sections(apply_delta(base.data, *deltas)) if deltas else base
-        elif start._values is not None:  # a cached base with its items encoded: only each delta's keys encoded
-            sections = start
-            for delta in deltas:
-                if delta.header["header"]:
-                    sections = fmt.Sections(apply_delta(sections.data, delta))
-                else:
-                    sections = _apply_to_sections(sections, delta)
-        else:
-            sections = fmt.Sections(apply_delta(start.data, *deltas))
-        # Each stored object carries its own digest (checked by decode); the rebuilt checkpoint is
-        # verified against its id once, at the end of the chain, not at every link.
-        if deltas and sections.identify()[0] != checkpoint:
-            raise _mismatch(checkpoint)
-        if deltas:  # rebuilt from deltas: check the result as a whole too
+        if chain[0].base is not None:  # rebuilt from deltas: check the result as a whole too
             validate_header(sections.data, f"checkpoint {checkpoint}")
         self._remember(checkpoint, sections)
         return sections
@@ -554,11 +543,10 @@ class CheckpointLog:
             base, _ = self._read_object(chain[-1], verify=False)
             if base.data.kind != fmt.FULL:
                 return None
-            change = _merge_deltas([self._read_delta(rec) for rec in reversed(chain[:-1])])
-            sections = base.edit(*change) if change is not None else None
+            sections = _apply_chain(base, [self._read_delta(rec) for rec in reversed(chain[:-1])])
         except (CheckpointCorruptionError, KeyError, TypeError, ValueError):
             return None
-        return sections if sections is not None and sections.identify()[0] == chain[0].id else None
+        return sections if sections.identify()[0] == chain[0].id else None
 
     def _read_object(self, rec: CheckpointRecord, *, verify: bool = True) -> tuple[fmt.Sections, str | None]:
         """Read and decode ``rec``'s stored object, and the SHA-256 of its bytes (None unless ``verify``)."""
