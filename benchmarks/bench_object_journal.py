@@ -2,6 +2,7 @@
 against one GET of an object of the same total size measured in the same run, with request counts.
 
     python benchmarks/bench_object_journal.py [--quick] [--events N] [--load-rounds L] [--rounds K] [--tail M]
+                                              [--rtt-ms R]
 
 One command: it starts its own moto S3 server on 127.0.0.1 (``tests/servers/s3_server.py``) and a
 counting HTTP proxy in front of it (this file), and stops both at the end. Steps:
@@ -20,6 +21,11 @@ counting HTTP proxy in front of it (this file), and stops both at the end. Steps
    holder ran on this machine, so its lease is taken over at once; on another machine the new
    holder first waits out the lease TTL (30 s), hence the target: ours <= 3x the floor + the TTL.
    The ratio without the TTL is printed too. One more takeover through the proxy counts requests.
+4. **Takeover over a slow link**, ``--rounds`` times each: the same, with the new holder reaching the
+   server through a second proxy that waits ``--rtt-ms`` (30) before forwarding each request (an S3
+   region away, where round trips, not bytes, set the time), for a run killed after 5 appends (no
+   head yet: a new run id per round) and one killed after ``--tail`` more. Time / RTT is about the
+   round trips in a row the takeover needed (info, no target).
 
 Medians over the rounds (the ratio of the fastest of each is printed too). A report, not a test:
 exit status 0 either way. Numbers are noisy on a shared 2-core machine (the S3 server, the proxy
@@ -79,7 +85,7 @@ sys.stdin.read()
 class CountingProxy:
     """Loopback HTTP/1.1 proxy in front of ``upstream`` (host, port); counts requests by kind."""
 
-    def __init__(self, upstream: tuple[str, int]) -> None:
+    def __init__(self, upstream: tuple[str, int], delay_s: float = 0.0) -> None:
         self.counts: Counter[str] = Counter()
         lock, counts = threading.Lock(), self.counts
         local = threading.local()
@@ -94,6 +100,8 @@ class CountingProxy:
                 kind = self.command + (" (list)" if "list-type" in self.path else "")
                 with lock:
                     counts[kind] += 1
+                if delay_s:
+                    time.sleep(delay_s)  # a round trip's worth of distance, per request
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 conn = getattr(local, "conn", None) or http.client.HTTPConnection(*upstream, timeout=60)
                 local.conn = conn
@@ -208,6 +216,7 @@ def main() -> int:
     parser.add_argument("--load-rounds", type=int, default=21, help="load pairs: floor, ours (21)")
     parser.add_argument("--rounds", type=int, default=5, help="takeovers (5)")
     parser.add_argument("--tail", type=int, default=250, help="events the killed holder appends (250)")
+    parser.add_argument("--rtt-ms", type=float, default=30.0, help="the slow link's delay per request (30; 0: skip step 4)")
     args = parse_args(parser, "object_journal", quick={"events": 300, "load_rounds": 3, "rounds": 1, "tail": 20})
     notes = {**machine_notes(), "args": vars(args)}
     results: dict = {"notes": notes}
@@ -287,6 +296,9 @@ def main() -> int:
         results["takeover"] = {"samples_s": take_s, "floor_samples_s": take_floor_s, "requests": take_requests,
                                "lines": n_lines}
         results["write"] = {"seconds": write_s, "append_samples_s": appends, "segments_after_release": len(segments)}
+        if args.rtt_ms > 0:
+            slow_rows, results["slow_takeover"] = slow_takeovers(args, (host, int(port)), url, child_env)
+            rows += slow_rows
 
         say("")
         say("\n".join(md_table(["measure", "ours (median)", "floor: one GET, same bytes", "ratio", "requests",
@@ -309,6 +321,33 @@ def main() -> int:
         server.stop()
     save_results(args.out, results)
     return 0
+
+
+def slow_takeovers(args: argparse.Namespace, upstream: tuple[str, int], url: str, child_env: dict) -> tuple[list, dict]:
+    """Step 4: takeovers with every request of the new holder delayed by ``--rtt-ms`` (a far S3)."""
+    from caravanserai.stores.objects import from_obstore_url
+
+    rtt = args.rtt_ms / 1000
+    slow = CountingProxy(upstream, rtt)
+    rows, out = [], {"rtt_s": rtt}
+    try:
+        store = from_obstore_url(url_for(slow.endpoint, "journal"))
+        for label, tail in (("short", 5), ("long", args.tail)):
+            samples, requests = [], {}
+            for k in range(args.rounds):
+                run_id = f"slow-{label}-{k}" if label == "short" else "slow-long"  # short: never a head
+                slow.counts.clear()
+                elapsed, _ = takeover_round(url, run_id, tail, store, child_env, slow)
+                samples.append(elapsed)
+                requests = dict(slow.counts)
+            median = statistics.median(samples)
+            what = "no head yet" if label == "short" else "a delta in the head after the first round"
+            rows.append([f"takeover, {args.rtt_ms:.0f} ms per request ({tail} appends killed; {what})", fmt_time(median),
+                         "-", f"{median / rtt:.1f} RTTs", f"{sum(requests.values())} ({_kinds(requests)})", "(info)"])
+            out[label] = {"samples_s": samples, "requests": requests, "tail": tail}
+    finally:
+        slow.close()
+    return rows, out
 
 
 def _timed(fn) -> float:  # noqa: ANN001

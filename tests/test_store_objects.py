@@ -498,3 +498,73 @@ def test_a_segment_of_another_run_is_never_read_as_this_ones():
                      + b"\n".join(b'{"forged": true}' for _ in range(3)))
     with pytest.raises(JournalCorruptionError, match="not a segment of this run"):
         store.load("r")
+
+
+class _InFlight(MemoryObjects):
+    """MemoryObjects that records what was asked while what: a create of the lease object waits (up to
+    ``patience`` s) for the lease object's read, and a chunk read for ``together`` chunk reads in flight."""
+
+    def __init__(self, lease_key: str, chunks: str, together: int, patience: float = 2.0) -> None:
+        super().__init__()
+        self.lease_key, self.chunks, self.together, self.patience = lease_key, chunks, together, patience
+        self.read_started = threading.Event()
+        self.create_saw_read: list[bool] = []
+        self.in_flight = self.most_in_flight = 0
+        self.lease_reads = 0
+        self.chunk_reads: list[str] = []
+        self._turn = threading.Condition()
+
+    def get_versioned(self, key):
+        if key == self.lease_key:
+            self.lease_reads += 1
+            self.read_started.set()
+        return super().get_versioned(key)
+
+    def put(self, key, data, *, mode="overwrite"):
+        if key == self.lease_key and mode == "create":
+            self.create_saw_read.append(self.read_started.wait(self.patience))
+        return super().put(key, data, mode=mode)
+
+    def get(self, key):
+        if not key.startswith(self.chunks):
+            return super().get(key)
+        self.chunk_reads.append(key)
+        with self._turn:  # a barrier: once ``together`` were in flight at once, every waiter goes on
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            self._turn.notify_all()
+            self._turn.wait_for(lambda: self.most_in_flight >= self.together, timeout=self.patience)
+        try:
+            return super().get(key)
+        finally:
+            with self._turn:
+                self.in_flight -= 1
+
+
+def test_taking_over_a_killed_short_run_reads_its_lease_and_its_chunks_at_once():
+    """A successor's open is four round trips, not six: the lease object is read while its create is
+    tried (which fails: the run exists), and the chunks of a run without a head come 8 at once."""
+    probe = BucketStore(MemoryObjects(), lease_ttl_ms=3000)
+    bucket = _InFlight(probe._lease_key("r"), f"{probe.prefix}journal/r/", together=1)
+    store = BucketStore(bucket, lease_ttl_ms=3000)
+    lease = store.acquire("r")  # a new run: its create succeeds; the fence is chunk 0
+    assert bucket.chunk_reads == [store._chunk_key("r", 0)]  # no lease object yet: one probe, not eight
+    lines, _ = _append_each(store, "r", 4, lease=lease)  # chunks 1..4: no delta, no head
+    lease._stop.set()
+    lease._deadline = 0  # as if killed: no compaction on release
+    body, version = bucket.get_versioned(store._lease_key("r"))  # its lease runs out
+    bucket.put(store._lease_key("r"), json.dumps({**json.loads(body), "expires_at": 0}).encode(),
+               mode=IfVersion(version))
+    bucket.read_started.clear()
+    bucket.lease_reads = bucket.most_in_flight = 0
+    bucket.chunk_reads.clear()
+    bucket.together = 5  # a chunk read waits for five in flight (at most 2 s)
+    successor = BucketStore(bucket, lease_ttl_ms=3000).acquire("r")
+    bucket.together = 1
+    assert bucket.create_saw_read == [True, True]  # both creates went out with the lease object's read
+    assert bucket.lease_reads == 1  # the takeover's compare-and-swap used that read: no second one
+    assert bucket.most_in_flight >= 5  # chunks 0..4 fetched together (one at a time before)
+    assert sorted(bucket.chunk_reads) == [store._chunk_key("r", n) for n in range(8)]  # one batch of 8
+    assert successor.token == lease.token + 1 and store.load_held(successor) == lines
+    successor.release()
+    assert store.load("r") == lines
