@@ -9,6 +9,8 @@ import pickle
 import threading
 import uuid
 import warnings
+from collections.abc import Callable
+from concurrent.futures import Future
 
 import pytest
 from conftest import need_module
@@ -27,7 +29,7 @@ from caravanserai.errors import (
     StoreUnavailable,
 )
 from caravanserai.stores import IfVersion, LocalObjects, MemoryObjects, MemoryStore, Objects, PrefixedObjects
-from caravanserai.stores.objects import BucketStore, PreconditionFailed, StorageObjects
+from caravanserai.stores.objects import BucketStore, PreconditionFailed, StorageObjects, _found
 from caravanserai.stores.sql import SqliteStore
 from caravanserai.testing import ObjectsConformance, StoreConformance, journal_machine, make_lines
 
@@ -502,7 +504,7 @@ def test_a_segment_of_another_run_is_never_read_as_this_ones():
 
 class _InFlight(MemoryObjects):
     """MemoryObjects that records what was asked while what: a create of the lease object waits (up to
-    ``patience`` s) for the lease object's read, and a chunk read for ``together`` chunk reads in flight."""
+    ``patience`` s) for a read of the lease object to be done, and a chunk read for ``together`` chunk reads in flight."""
 
     def __init__(self, lease_key: str, chunks: str, together: int, patience: float = 2.0) -> None:
         super().__init__()
@@ -512,17 +514,21 @@ class _InFlight(MemoryObjects):
         self.in_flight = self.most_in_flight = 0
         self.lease_reads = 0
         self.chunk_reads: list[str] = []
+        self.before_create: Callable[[], object] | None = None
         self._turn = threading.Condition()
 
     def get_versioned(self, key):
+        found = super().get_versioned(key)
         if key == self.lease_key:
             self.lease_reads += 1
-            self.read_started.set()
-        return super().get_versioned(key)
+            self.read_started.set()  # once the read is done: a create waiting for it cannot land first
+        return found
 
     def put(self, key, data, *, mode="overwrite"):
         if key == self.lease_key and mode == "create":
             self.create_saw_read.append(self.read_started.wait(self.patience))
+            if self.before_create is not None:
+                self.before_create()
         return super().put(key, data, mode=mode)
 
     def get(self, key):
@@ -568,3 +574,38 @@ def test_taking_over_a_killed_short_run_reads_its_lease_and_its_chunks_at_once()
     assert successor.token == lease.token + 1 and store.load_held(successor) == lines
     successor.release()
     assert store.load("r") == lines
+
+
+def test_a_holder_that_let_go_after_the_early_read_is_read_again_not_reported_as_locked():
+    """The lease object read alongside the create may be older than the create's refusal: a live
+    holder there is read once more before RunLocked, so a run released meanwhile is taken."""
+    probe = BucketStore(MemoryObjects(), lease_ttl_ms=3000)
+    bucket = _InFlight(probe._lease_key("r"), f"{probe.prefix}journal/r/", together=1)
+    first = BucketStore(bucket, lease_ttl_ms=3000)
+    lease = first.acquire("r")
+    lines, _ = _append_each(first, "r", 2, lease=lease)
+    bucket.read_started.clear()
+    bucket.before_create = lease.release  # let go after the early read saw it live, before the refusal
+    second = BucketStore(bucket, lease_ttl_ms=3000).acquire("r")
+    assert second.token == lease.token + 1 and first.load_held(second) == lines
+    assert bucket.lease_reads == 3  # the first acquire's early read, then this one's early read and its re-read
+    second.release()
+    bucket.before_create = None
+    bucket.read_started.clear()
+    holder = first.acquire("r")  # live now, and still live when read again: RunLocked naming it
+    with pytest.raises(RunLocked, match="is being written by"):
+        BucketStore(bucket, lease_ttl_ms=3000).acquire("r")
+    holder.release()
+
+
+def test_an_acquire_does_not_count_its_own_new_lease_object_as_an_earlier_run():
+    """A new run's create can land before the lease object's read: that read names this acquire's own
+    lease, so the chunks are probed one at a time, as for any new run."""
+    done: Future = Future()
+    done.set_result((json.dumps({"holder": {"lease": "mine"}, "token": 1, "expires_at": 0}).encode(), "v1"))
+    assert not _found(done, "mine") and _found(done, "someone else's")
+    missing: Future = Future()
+    missing.set_result(None)
+    failed: Future = Future()
+    failed.set_exception(OSError("unreachable"))
+    assert not _found(missing, "mine") and not _found(failed, "mine")

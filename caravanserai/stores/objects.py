@@ -37,7 +37,8 @@ raises ``ObjectConditionalPutRequired``; reading works on any face. Keys land un
 - opening a run: the head, the lease object and a create of the lease object go out at once; the
   lease is then claimed (created, or compare-and-swapped on the version read), the fence chunk
   written after the tail, and the first append follows: a writer taking over a short run (no head
-  yet) reaches its first acknowledged append in four round trips (six before issue 24);
+  yet, at most 7 chunks) reaches its first acknowledged append in four round trips (six before
+  issue 24); a holder the early read saw live is read once more before ``RunLocked``;
 - ``objects/<key>`` — the object face.
 
 Why a segment or delta can never hold a line the chunks do not: the holder covers only chunks it
@@ -259,10 +260,12 @@ class _SegmentGone(Exception):
     """The segment a reader picked was replaced (and deleted) before it could be read."""
 
 
-def _found(read: Future[Any]) -> bool:
-    """Whether a read (``get_versioned``) found its object; a failed read says no (the claim raises it)."""
+def _found(read: Future[Any], own: str) -> bool:
+    """Whether a read (``get_versioned``) of a lease object found one that is not this acquire's own
+    (its create can land before the read); a failed read says no (the claim raises it)."""
     try:
-        return read.result() is not None
+        found = read.result()
+        return found is not None and (json.loads(found[0]).get("holder") or {}).get("lease") != own
     except Exception:  # noqa: BLE001 - the same read's error reaches the caller through _claim
         return False
 
@@ -430,7 +433,7 @@ class BucketStore(Store):
         was written mid-run, so chunks likely follow (up to ``delta_every``): probe 16 at once."""
         return (deltas[-1][1] + 1, _FETCHERS) if deltas else (through + 1, 1)
 
-    def _read_ahead(self, run_id: str, ahead: Future[Any], lease: Future[Any]) -> None:
+    def _read_ahead(self, run_id: str, ahead: Future[Any], lease: Future[Any], own: str) -> None:
         """The head, its parts on their way and the chunks after them, for an ``acquire`` (into ``ahead``).
 
         ``lease`` is the lease object's read, made alongside the head's: a run without a head whose
@@ -440,7 +443,7 @@ class BucketStore(Store):
             through, deltas = self._head(run_id)
             parts = self._start(run_id, through, deltas)
             start, batch = self._tail_start(through, deltas)
-            if through < 0 and not deltas and _found(lease):
+            if through < 0 and not deltas and _found(lease, own):
                 batch = _FETCHERS // 2
             ahead.set_result((through, deltas, parts, self._probe(run_id, start, batch)))
         except BaseException as exc:  # noqa: BLE001 - handed to the acquiring thread
@@ -565,12 +568,17 @@ class BucketStore(Store):
         except ObjectPreconditionFailed:
             pass
         found = early.result() if early is not None else None
-        for attempt in range(2):  # a compare-and-swap lost to another writer: read again, which names it
-            if attempt or found is None:  # None: not read early, or read before the object that refused the create
+        early_read = found is not None  # from before the create: a refusal is read again first
+        swaps = 0
+        while swaps < 2:  # a compare-and-swap lost to another writer: read again, which names it
+            if found is None:  # not read early, read before the object that refused the create, or a lost swap
                 found = self._bucket.get_versioned(key)
             current: dict[str, Any] = json.loads(found[0]) if found else {"token": 0, "expires_at": 0, "holder": None}
             live = current.get("holder") is not None and current.get("expires_at", 0) > time.time() * 1000
             if live and not holder_is_dead(current["holder"]):  # a dead holder on this machine: take over now
+                if early_read:  # released since that read, perhaps: judged on a fresh one
+                    early_read, found = False, None
+                    continue
                 raise RunLocked(f"run {run_id!r} is being written by {describe_holder(current['holder'])}; wait for its "
                                 "lease to expire or stop that process", run_id=run_id, holder=current["holder"])
             token = int(current.get("token", 0)) + 1
@@ -578,7 +586,7 @@ class BucketStore(Store):
             try:
                 return token, self._bucket.put(key, self._lease_body(holder, token), mode=mode) or ""
             except ObjectPreconditionFailed:
-                continue  # taken between the read and the write: the next read names the taker
+                swaps, early_read, found = swaps + 1, False, None  # taken between the read and the write
         raise RunLocked(f"run {run_id!r} was taken by another writer between two reads of its lease object, twice, and "
                         "neither read named a live holder (each released it at once); retry", run_id=run_id, holder=None)
 
@@ -590,7 +598,7 @@ class BucketStore(Store):
         # wrote meanwhile) collides with the fence below and is read then.
         ahead: Future[Any] = Future()
         lease = self._fetcher().submit(self._bucket.get_versioned, self._lease_key(run_id))
-        threading.Thread(target=self._read_ahead, args=(run_id, ahead, lease), name="caravanserai-acquire",
+        threading.Thread(target=self._read_ahead, args=(run_id, ahead, lease, holder["lease"]), name="caravanserai-acquire",
                          daemon=True).start()
         token, version = self._claim(run_id, holder, lease)
         holder["token"] = token
