@@ -229,15 +229,18 @@ def test_a_batch_whose_flush_fails_fails_every_member_and_leaves_nothing(sql_sto
         expected = StoreUnavailable
     hold_first_append(sql_store, queued=3)
     lines = {"lead": ['{"r": "lead"}'], "a": ['{"r": "a"}'], "bad": [big], "c": ['{"r": "c"}']}
-    out = in_threads(*(appender(sql_store, r, leases[r], lines[r]) for r in runs))
-    assert out[0] == "ok"  # the leader flushed alone, before the others queued
-    assert all(isinstance(x, expected) for x in out[1:]), out
-    for r in ("a", "bad", "c"):
+    out = dict(zip(runs, in_threads(*(appender(sql_store, r, leases[r], lines[r]) for r in runs)), strict=True))
+    leader = [r for r in runs if out[r] == "ok"]  # the first to arrive (threads start in any order) flushed alone
+    assert len(leader) == 1 and leader != ["bad"], out
+    batch = [r for r in runs if r not in leader]
+    assert all(isinstance(out[r], expected) for r in batch), out
+    for r in batch:
         assert sql_store.load(r) == []  # nothing of the failed batch is visible
         assert leases[r].next_seq == 0
     # the leases still hold and the journals continue at the same seq
-    sql_store.append("a", ['{"r": "a"}'], lease=leases["a"], seq=0)
-    assert sql_store.load("a") == ['{"r": "a"}']
+    later = next(r for r in batch if r != "bad")
+    sql_store.append(later, [f'{{"r": "{later}"}}'], lease=leases[later], seq=0)
+    assert sql_store.load(later) == [f'{{"r": "{later}"}}']
 
 
 # ---- the journal service --------------------------------------------------------------------------
