@@ -549,7 +549,9 @@ class _InFlight(MemoryObjects):
 
 def test_taking_over_a_killed_short_run_reads_its_lease_and_its_chunks_at_once():
     """A successor's open is four round trips, not six: the lease object is read while its create is
-    tried (which fails: the run exists), and the chunks of a run without a head come 8 at once."""
+    tried (which fails: the run exists), and the chunks of a run without a head come 8 at once.
+    (In-memory objects: the order and overlap of requests can only be held still in-process; the same
+    takeover against a real S3 server, moto, runs in test_takeover.py and test_store_s3.py.)"""
     probe = BucketStore(MemoryObjects(), lease_ttl_ms=3000)
     bucket = _InFlight(probe._lease_key("r"), f"{probe.prefix}journal/r/", together=1)
     store = BucketStore(bucket, lease_ttl_ms=3000)

@@ -428,10 +428,13 @@ class BucketStore(Store):
             start, batch = start + batch, min(2 * batch, _FETCHERS)
 
     @staticmethod
-    def _tail_start(through: int, deltas: list[tuple[int, int]]) -> tuple[int, int]:
+    def _tail_start(through: int, deltas: list[tuple[int, int]], existed: bool = False) -> tuple[int, int]:
         """Where the chunks after the head's parts start, and the first probe batch: a head with deltas
-        was written mid-run, so chunks likely follow (up to ``delta_every``): probe 16 at once."""
-        return (deltas[-1][1] + 1, _FETCHERS) if deltas else (through + 1, 1)
+        was written mid-run, so chunks likely follow (up to ``delta_every``): probe 16 at once. No head
+        for a run that ``existed`` (its lease object is there): younger than its first delta, so 8."""
+        if deltas:
+            return deltas[-1][1] + 1, _FETCHERS
+        return (0, _FETCHERS // 2) if through < 0 and existed else (through + 1, 1)
 
     def _read_ahead(self, run_id: str, ahead: Future[Any], lease: Future[Any], own: str) -> None:
         """The head, its parts on their way and the chunks after them, for an ``acquire`` (into ``ahead``).
@@ -442,10 +445,8 @@ class BucketStore(Store):
         try:
             through, deltas = self._head(run_id)
             parts = self._start(run_id, through, deltas)
-            start, batch = self._tail_start(through, deltas)
-            if through < 0 and not deltas and _found(lease, own):
-                batch = _FETCHERS // 2
-            ahead.set_result((through, deltas, parts, self._probe(run_id, start, batch)))
+            existed = through < 0 and _found(lease, own)  # only asked when there is no head
+            ahead.set_result((through, deltas, parts, self._probe(run_id, *self._tail_start(through, deltas, existed))))
         except BaseException as exc:  # noqa: BLE001 - handed to the acquiring thread
             ahead.set_exception(exc)
 
